@@ -249,8 +249,10 @@ def start_server(name: str, logdir: Path, timeout: float = 60.0) -> Server:
         if server.proc.poll() is not None:
             break
         time.sleep(0.01)
+    rc = server.proc.poll()
     stop(server.proc)
-    server.error = f"no /health 200 within {timeout:.0f}s: {log_tail(server.log)}"
+    why = f"no /health 200 within {timeout:.0f}s" if rc is None else f"exited (rc={rc}) before serving"
+    server.error = f"{why}: {log_tail(server.log) or '(empty log)'}"
     return server
 
 
@@ -789,7 +791,9 @@ def measure_memory(servers: dict[str, Server], plan: Plan, res: Results) -> None
 def log_notes(server: Server, res: Results) -> None:
     """Note tracebacks a server wrote to its log (they cost CPU and hint at bugs)."""
     text = server.log.read_text(errors="replace") if server.log and server.log.exists() else ""
-    n = text.count("Traceback (most recent call last)")
+    n = text.count("Traceback (most recent call last)") - sum(
+        text.count(link) for link in ("During handling of the above exception",
+                                      "The above exception was the direct cause"))
     if n:
         last = [ln for ln in text.splitlines() if ln and not ln.startswith((" ", "Traceback"))]
         res.notes.append(f"{server.name}: {n} traceback(s) in its log; last error line: "

@@ -13,6 +13,7 @@ import asyncio
 import http
 
 from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
 
 HEALTH_BODY = '{"status":"healthy","server":"floor"}'
 
@@ -30,8 +31,11 @@ def process_request(connection, request):
 
 async def echo(websocket):
     """Send every frame back as it came, until the client goes away."""
-    async for message in websocket:
-        await websocket.send(message)
+    try:
+        async for message in websocket:
+            await websocket.send(message)
+    except ConnectionClosed:  # the client closed while we were sending
+        pass
 
 
 async def main(host, port):

@@ -1,0 +1,69 @@
+"""The HTTP routes against a real server, and a fuzzer against its OpenAPI document."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from openenv_nb.client import HTTPEnvClient
+from openenv_nb.envs.echo import EchoAction, EchoHTTPEnv
+from openenv_nb.types import EnvServerError
+
+
+def test_http_routes(echo_url):
+    s = requests.Session()
+    assert s.get(echo_url + "/health").json()["status"] == "healthy"
+    meta = s.get(echo_url + "/metadata").json()
+    assert meta["name"] == "EchoEnvironment" and isinstance(meta["description"], str)
+    schema = s.get(echo_url + "/schema").json()
+    assert schema["action"]["properties"]["message"]["type"] == "string" and set(schema) == {"action", "observation", "state"}
+    assert s.post(echo_url + "/reset", json={"seed": 3}).json() == {
+        "observation": {"echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False}
+    assert s.post(echo_url + "/reset").status_code == 200  # the body is optional
+    assert s.post(echo_url + "/step", json={"action": {"message": "hey"}, "timeout_s": 5}).json() == {
+        "observation": {"echoed_message": "hey", "message_length": 3}, "reward": 0.30000000000000004, "done": False}
+    st = s.get(echo_url + "/state").json()
+    assert st["step_count"] == 0 and isinstance(st["episode_id"], str)  # stateless: a fresh environment
+    assert s.post(echo_url + "/mcp", json={}).json()["error"]["code"] == -32600
+    assert s.post(echo_url + "/mcp", data="{").json()["error"]["code"] == -32700
+    assert isinstance(s.get(echo_url + "/openapi.json").json()["info"]["version"], str)
+
+
+def test_422_shapes(echo_url):
+    s = requests.Session()
+    for body, loc in [({"action": {"message": 1}}, ["message"]), ({"action": {"message": "a", "x": 1}}, ["x"]),
+                      ({"action": {}}, ["message"])]:
+        r = s.post(echo_url + "/step", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text
+    for bad in ["", "{", "[]", '{"actio": {}}', '{"action": 5}']:
+        r = s.post(echo_url + "/step", data=bad, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and isinstance(r.json()["detail"], list), (bad, r.text)
+    for body in [{"seed": -1}, {"seed": "x"}, {"episode_id": "e" * 256}]:
+        r = s.post(echo_url + "/reset", json=body)
+        assert r.status_code == 422 and r.json()["detail"], r.text
+
+
+def test_http_client(echo_url):
+    with EchoHTTPEnv(echo_url) as env:
+        r = env.step(EchoAction(message="hello"))
+        assert (r.observation.echoed_message, r.observation.metadata) == ("hello", {"original_message": "hello", "step": 1})
+        with pytest.raises(ValueError, match="loud"): env.step({"message": "a", "loud": True})  # typed: checked before sending
+        try: HTTPEnvClient(echo_url).step({"message": "a", "loud": True})
+        except EnvServerError as e: assert e.code == "VALIDATION_ERROR" and "loud" in str(e.data)
+        else: raise AssertionError("no error for an unknown field")
+
+
+def test_environment_error_over_http_is_named(server):
+    url = server("helpers:Flaky")
+    r = requests.post(url + "/step", json={"action": {"message": "boom"}})
+    assert r.status_code == 500 and r.json()["detail"] == {"code": "EXECUTION_ERROR", "message": "RuntimeError: the environment blew up"}
+    assert requests.post(url + "/step", json={"action": {"message": "fine"}}).status_code == 200
+
+
+def test_schemathesis_finds_no_server_error(echo_url, tmp_path):
+    cmd = [sys.executable, "-m", "schemathesis.cli", "run", echo_url + "/openapi.json", "-c", "not_a_server_error",
+           "-n", "60", "--seed", "7", "--no-color", "--generation-database", "none", "--report-dir", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout.split("SUMMARY")[-1]

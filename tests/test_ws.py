@@ -1,0 +1,181 @@
+"""The WebSocket session protocol against a real server in a subprocess."""
+import asyncio
+import json
+import time
+
+import pytest
+import requests
+from websockets.asyncio.client import connect
+
+from openenv_nb.client import ws_url
+from openenv_nb.envs.echo import EchoAction, EchoEnv
+
+
+async def raw(url, *frames, extensions=None):
+    """Send each frame on one raw connection and collect the replies (a `close` frame gets none)."""
+    headers = {"x-openenv-extensions": extensions} if extensions else None
+    async with connect(ws_url(url), compression=None, max_size=None, additional_headers=headers) as ws:
+        replies = []
+        for f in frames:
+            await ws.send(f if isinstance(f, (str, bytes)) else json.dumps(f))
+            replies.append(json.loads(await ws.recv()))
+        return replies
+
+
+def health(url): return requests.get(url + "/health", timeout=5).json()
+
+
+def test_episode_matches_protocol_example(echo_url):
+    r = asyncio.run(raw(echo_url, {"type": "reset", "data": {"seed": 1, "episode_id": "e1"}}, {"type": "step", "data": {"message": "hi"}},
+                        {"type": "state"}, {"type": "bogus"}))
+    assert r == [
+        {"type": "observation", "data": {"observation": {"echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False}},
+        {"type": "observation", "data": {"observation": {"echoed_message": "hi", "message_length": 2}, "reward": 0.2, "done": False}},
+        {"type": "state", "data": {"episode_id": "e1", "step_count": 1}},
+        {"type": "error", "data": {"message": "Unknown message type: bogus", "code": "UNKNOWN_TYPE"}},
+    ]
+
+
+def test_extensions_are_negotiated(echo_url):
+    async def go():
+        async with connect(ws_url(echo_url), additional_headers={"x-openenv-extensions": "metadata"}) as ws:
+            assert set(ws.response.headers["x-openenv-extensions"].split(", ")) >= {"request-id", "metadata"}
+            await ws.send(json.dumps({"type": "reset", "id": "a"}))
+            await ws.send(json.dumps({"type": "step", "data": {"message": "yo"}, "id": 42}))
+            return [json.loads(await ws.recv()) for _ in range(2)]
+    reset, step = asyncio.run(go())
+    assert reset["id"] == "a" and step["id"] == 42
+    assert step["data"]["metadata"] == {"original_message": "yo", "step": 1}
+    plain = asyncio.run(raw(echo_url, {"type": "step", "data": {"message": "yo"}}))[0]
+    assert "metadata" not in plain["data"] and "id" not in plain  # an OpenEnv client sees the plain core
+
+
+MALFORMED = [
+    ("not json", "{nope", "INVALID_JSON"),
+    ("a JSON list", "[1, 2]", "INVALID_JSON"),
+    ("a binary frame", b'{"type": "state"}', "INVALID_JSON"),
+    ("a type that is not a string", {"type": 5}, "UNKNOWN_TYPE"),
+    ("an unknown type", {"type": "jump"}, "UNKNOWN_TYPE"),
+    ("step without data", {"type": "step"}, "VALIDATION_ERROR"),
+    ("data of the wrong type", {"type": "step", "data": "hi"}, "VALIDATION_ERROR"),
+    ("an action field of the wrong type", {"type": "step", "data": {"message": 3}}, "VALIDATION_ERROR"),
+    ("an action with an unknown field", {"type": "step", "data": {"message": "a", "volume": 11}}, "VALIDATION_ERROR"),
+    ("a missing action field", {"type": "step", "data": {}}, "VALIDATION_ERROR"),
+    ("a negative seed", {"type": "reset", "data": {"seed": -1}}, "VALIDATION_ERROR"),
+    ("an episode id too long", {"type": "reset", "data": {"episode_id": "x" * 256}}, "VALIDATION_ERROR"),
+    ("an unknown top-level key", {"type": "state", "extra": 1}, "VALIDATION_ERROR"),
+    ("a bad request id", {"type": "state", "id": [1]}, "VALIDATION_ERROR"),
+    ("a 10 MB frame", {"type": "step", "data": {"message": "x" * 10_000_000}}, "VALIDATION_ERROR"),
+]
+
+
+@pytest.mark.parametrize("what,frame,code", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_input_gets_its_code_and_the_session_goes_on(echo_url, what, frame, code):
+    reset, err, step = asyncio.run(raw(echo_url, {"type": "reset", "data": {"episode_id": "m"}}, frame, {"type": "step", "data": {"message": "ok"}}))
+    assert err["type"] == "error" and err["data"]["code"] == code, err
+    assert err["data"]["message"]
+    if code == "VALIDATION_ERROR": assert isinstance(err["data"]["errors"], list) and err["data"]["errors"]
+    assert step["data"]["observation"]["echoed_message"] == "ok"
+    assert health(echo_url)["status"] == "healthy"
+
+
+def test_64_concurrent_sessions_keep_their_own_state(echo_url):
+    async def session(i):
+        async with EchoEnv(echo_url) as env:
+            await env.reset(episode_id=f"ep-{i}")
+            for k in range(i % 5 + 1):
+                r = await env.step(EchoAction(message=f"{i}:{k}"))
+                assert r.observation.echoed_message == f"{i}:{k}"
+            return (await env.state())
+    async def all_of_them(): return await asyncio.gather(*[session(i) for i in range(64)])
+    states = asyncio.run(all_of_them())
+    assert [(s.episode_id, s.step_count) for s in states] == [(f"ep-{i}", i % 5 + 1) for i in range(64)]
+
+
+def test_capacity_refusal_and_recovery(server):
+    url = server("echo", max_sessions=2)
+    async def go():
+        a = await connect(ws_url(url)); b = await connect(ws_url(url))
+        for ws in (a, b): await ws.send('{"type":"reset"}'); await ws.recv()
+        assert health(url)["active_sessions"] == 2
+        refused = await connect(ws_url(url))
+        err = json.loads(await refused.recv())
+        await refused.wait_closed()
+        await a.close()
+        for _ in range(100):
+            if health(url)["active_sessions"] < 2: break
+            await asyncio.sleep(0.02)
+        again = await raw(url, {"type": "reset"})
+        await b.close()
+        return err, again
+    err, again = asyncio.run(go())
+    assert err["data"]["code"] == "CAPACITY_REACHED" and (err["data"]["active_sessions"], err["data"]["max_sessions"]) == (2, 2)
+    assert again[0]["type"] == "observation"
+
+
+def test_an_environment_that_raises_fails_only_its_own_session(server):
+    url = server("helpers:Flaky")
+    async def go():
+        async with EchoEnv(url) as calm, connect(ws_url(url)) as ws:
+            await calm.reset()
+            await ws.send('{"type":"reset"}'); await ws.recv()
+            await ws.send(json.dumps({"type": "step", "data": {"message": "boom"}}))
+            err = json.loads(await ws.recv())
+            calm_step = await calm.step(EchoAction(message="still here"))
+            await ws.send(json.dumps({"type": "step", "data": {"message": "after"}}))
+            return err, calm_step, json.loads(await ws.recv())
+    err, calm_step, after = asyncio.run(go())
+    assert err["data"] == {"message": "RuntimeError: the environment blew up", "code": "EXECUTION_ERROR"}
+    assert calm_step.observation.echoed_message == "still here"
+    assert after["data"]["observation"]["echoed_message"] == "after"
+
+
+def test_a_factory_that_fails_gives_factory_error(server):
+    url = server("helpers:broken_factory", max_sessions=1)
+    err = asyncio.run(raw(url, {"type": "reset"}))[0]
+    assert err["data"]["code"] == "FACTORY_ERROR" and "no such resource" in err["data"]["message"]
+    assert health(url)["active_sessions"] == 0
+
+
+def test_a_slow_session_does_not_stall_the_others(server):
+    url = server("helpers:Sleepy", max_sessions=8)
+    async def go():
+        async with EchoEnv(url) as slow, EchoEnv(url) as quick:
+            await slow.reset(); await quick.reset()
+            t0 = time.monotonic()
+            slow_step = asyncio.create_task(slow.step(EchoAction(message="sleep 2")))
+            await asyncio.sleep(0.1)
+            for _ in range(20): await quick.step(EchoAction(message="fast"))
+            quick_done = time.monotonic() - t0
+            await slow_step
+            return quick_done, time.monotonic() - t0
+    quick_done, slow_done = asyncio.run(go())
+    assert quick_done < 1.5 <= slow_done, (quick_done, slow_done)
+
+
+def test_an_abandoned_connection_is_reaped(server):
+    url = server("echo", "--session-timeout", "1", max_sessions=1)
+    async def go():
+        ws = await connect(ws_url(url), ping_interval=None)  # opens a session, then goes silent
+        await ws.send('{"type":"reset"}'); await ws.recv()
+        assert health(url)["active_sessions"] == 1
+        reaped = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        for _ in range(100):
+            if health(url)["active_sessions"] == 0: break
+            await asyncio.sleep(0.02)
+        return reaped, health(url)["active_sessions"], await raw(url, {"type": "reset"})
+    reaped, active, again = asyncio.run(go())
+    assert reaped["data"]["code"] == "SESSION_ERROR" and "without a message" in reaped["data"]["message"]
+    assert active == 0 and again[0]["type"] == "observation"
+
+
+def test_close_message_ends_the_session(server):
+    url = server("echo", max_sessions=1)
+    async def go():
+        async with connect(ws_url(url)) as ws:
+            await ws.send('{"type":"close"}')
+            await ws.wait_closed()
+        for _ in range(100):
+            if health(url)["active_sessions"] == 0: return True
+            await asyncio.sleep(0.02)
+    assert asyncio.run(go())
