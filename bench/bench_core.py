@@ -252,6 +252,8 @@ def start_server(name: str, logdir: Path, timeout: float = 60.0) -> Server:
     rc = server.proc.poll()
     stop(server.proc)
     why = f"no /health 200 within {timeout:.0f}s" if rc is None else f"exited (rc={rc}) before serving"
+    if rc == 0 and name == "ours":
+        why += " (does openenv_nb/cli.py end with `if __name__ == '__main__': main()`?)"
     server.error = f"{why}: {log_tail(server.log) or '(empty log)'}"
     return server
 
@@ -404,24 +406,33 @@ async def load_client_lib(spec: dict) -> dict:
 
 
 def load_http(spec: dict) -> dict:
-    """Sequential keep-alive POST /step requests from one ``requests.Session``."""
-    import requests
+    """Sequential keep-alive POST /step requests on one ``http.client`` connection."""
+    body = json.dumps({"action": {"message": "hi"}}).encode()
+    headers = {"Content-Type": "application/json"}
+    conn = http.client.HTTPConnection(HOST, spec["port"], timeout=10)
 
-    url, body = spec["http_url"] + "/step", {"action": {"message": "hi"}}
-    with requests.Session() as s:
-        r = s.post(url, json=body, timeout=10)
-        r.raise_for_status()
-        if r.json()["observation"]["echoed_message"] != "hi":
-            raise RuntimeError(f"unexpected /step reply: {r.text[:200]}")
+    def post() -> bytes:
+        conn.request("POST", "/step", body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST /step: HTTP {resp.status}: {data[:200]!r}")
+        return data
+
+    try:
+        if json.loads(post())["observation"]["echoed_message"] != "hi":
+            raise RuntimeError("unexpected POST /step reply")
         for _ in range(spec["warmup"]):
-            s.post(url, json=body, timeout=10)
+            post()
         n, clock = 0, time.perf_counter
         cpu0, t0 = cpu_seconds(spec["server_pid"]), clock()
         deadline = t0 + spec["duration"]
         while n < spec["max_steps"] and clock() < deadline:
-            s.post(url, json=body, timeout=10).raise_for_status()
+            post()
             n += 1
         t1, cpu1 = clock(), cpu_seconds(spec["server_pid"])
+    finally:
+        conn.close()
     return {"steps": n, "rate": n / (t1 - t0), "cpu": (cpu1 - cpu0) / n * 1e6}
 
 
@@ -581,7 +592,7 @@ ROWS = [
     Row("ws256.cpu", "server CPU per WS step, 256 sessions (µs)", "us"),
     Row("ws64.load_cpu_pct", "load generator CPU busy, 64 sessions (%)", "pct"),
     Row("ws.ext", "WS extension negotiated", "text"),
-    Row("http.rate", "HTTP POST /step req/s, 1 client keep-alive", "rate"),
+    Row("http.rate", "HTTP POST /step req/s, 1 keep-alive client", "rate"),
     Row("http.cpu", "server CPU per HTTP step (µs)", "us"),
     Row("inproc.rate", "env.step(EchoAction('hi')) in process, steps/s", "rate"),
     Row("cold.s", "cold start to first /health 200 (s, median)", "s", ("abs", "<=", 1.5, "≤1.5 s")),
@@ -589,6 +600,7 @@ ROWS = [
     Row("rss.256", "server RSS, 256 open sessions (MB)", "mb"),
     Row("rss.1000", "server RSS, 1,000 open sessions (MB)", "mb"),
     Row("rss.growth", "RSS growth idle → 1,000 sessions (MB)", "mb", ("abs", "<", 150, "<150 MB")),
+    Row("hold1000.open_s", "time to open + reset 1,000 sessions (s)", "s"),
     Row("hold1000.errors", "errors opening 1,000 sessions", "int", ("abs", "==", 0, "0")),
 ]
 
@@ -665,7 +677,7 @@ def target_cell(row: Row, res: Results) -> str:
 def ratio_cell(row: Row, res: Results, other: str) -> str:
     """ours/other for numeric rows."""
     a, b = res.get(row.key, "ours"), res.get(row.key, other)
-    if row.fmt == "text" or not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b == 0:
+    if row.fmt in ("text", "pct", "int") or not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b == 0:
         return ""
     return f"{a / b:.2f}x"
 
@@ -760,7 +772,7 @@ def measure_http(servers: dict[str, Server], plan: Plan, res: Results) -> None:
     for name, server in servers.items():
         if name == "floor" or not server.alive:
             continue
-        spec = {"mode": "http", "http_url": server.http_url, "server_pid": server.proc.pid,
+        spec = {"mode": "http", "port": server.port, "server_pid": server.proc.pid,
                 "duration": plan.duration, "warmup": plan.warmup, "max_steps": plan.max_steps()}
         res.add_phase("http", name, run_load(spec, timeout=plan.duration + 60), ("rate", "cpu"))
 
@@ -780,7 +792,7 @@ def measure_memory(servers: dict[str, Server], plan: Plan, res: Results) -> None
             if out["errors"]:
                 res.notes.append(f"{name} hold {n}: {out['errors']} of {n} sessions failed, "
                                  f"first: {out['first_error']}")
-            res.notes.append(f"{name} hold {n}: opened in {out['open_s']:.2f}s")
+            res.add(f"hold{n}.open_s", name, out["open_s"])
             if n == 1000:
                 res.add("hold1000.errors", name, out["errors"])
                 idle = res.get("rss.idle", name)
