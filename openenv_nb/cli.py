@@ -7,14 +7,14 @@ Docs: https://openenv-nb.github.io/openenv-nb/cli.html.md"""
 # %% auto #0
 __all__ = ['BUILTINS', 'load_target', 'make_app', 'cmd_serve', 'cmd_demo', 'parser', 'main']
 
-# %% ../nbs/07_cli.ipynb #ee311073
+# %% ../nbs/07_cli.ipynb #fada25ec
 import argparse
 import importlib
 import sys
 
 from .environment import Environment
 
-# %% ../nbs/07_cli.ipynb #406a2cfb
+# %% ../nbs/07_cli.ipynb #ce797806
 BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment"}
 
 def load_target(target: str # `"echo"` or `"module:attribute"`
@@ -28,7 +28,7 @@ def load_target(target: str # `"echo"` or `"module:attribute"`
     for part in attr.split("."): obj = getattr(obj, part)
     return obj
 
-# %% ../nbs/07_cli.ipynb #a6380a0e
+# %% ../nbs/07_cli.ipynb #665c577e
 def make_app(target: str, # what to serve
              max_sessions: int = 64, # `max_concurrent_envs` of the server
              session_timeout: float | None = 300.0, # idle seconds before a session is reaped
@@ -40,14 +40,14 @@ def make_app(target: str, # what to serve
     if isinstance(obj, type) and issubclass(obj, Environment) and not obj.SUPPORTS_CONCURRENT_SESSIONS: max_sessions = 1
     return create_app(obj, max_concurrent_envs=max_sessions, session_timeout=session_timeout)
 
-# %% ../nbs/07_cli.ipynb #ea88b69c
+# %% ../nbs/07_cli.ipynb #6b98921e
 def cmd_serve(a):
     "Serve an environment over HTTP and WebSocket."
     from openenv_nb.server import serve
     app = make_app(a.target, a.max_sessions, a.session_timeout or None)
     serve(app, host=a.host, port=a.port, log_level=a.log_level)
 
-# %% ../nbs/07_cli.ipynb #fd6c71db
+# %% ../nbs/07_cli.ipynb #0cc4a9e1
 def cmd_demo(a):
     "Run one episode of the echo environment on the local default, printing each step."
     from openenv_nb.envs.echo import EchoAction, EchoEnv
@@ -62,7 +62,7 @@ def cmd_demo(a):
         s = env.state()
         print(f"state   -> episode {s.episode_id}, {s.step_count} steps")
 
-# %% ../nbs/07_cli.ipynb #42821c7a
+# %% ../nbs/07_cli.ipynb #acec76d4
 def parser() -> argparse.ArgumentParser:
     "The `openenv` argument parser."
     p = argparse.ArgumentParser(prog="openenv", description="Agentic RL environments over HTTP and WebSocket (openenv-nb)")

@@ -9,7 +9,7 @@ __all__ = ['ActT', 'ObsT', 'StateT', 'EXT_HEADER', 'WANTED', 'ws_url', 'http_url
            'connect', 'reset', 'step', 'state', 'disconnect', 'close', 'from_local', 'GenericEnvClient', 'run_sync',
            'SyncEnvClient', 'sync', 'HTTPEnvClient', 'health', 'metadata', 'schema']
 
-# %% ../nbs/03_client.ipynb #570fc762
+# %% ../nbs/03_client.ipynb #720e2c94
 import asyncio
 import json
 import threading
@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from .types import (Action, EnvConnectionError, EnvServerError, EnvTimeoutError, Observation, State,
                               StepResult, from_envelope, type_args)
 
-# %% ../nbs/03_client.ipynb #94db0d37
+# %% ../nbs/03_client.ipynb #90a1d3ca
 def ws_url(base_url: str # `http(s)://...` or `ws(s)://...`, with or without a trailing `/ws`
           ) -> str:
     "The WebSocket session URL of the server at `base_url`."
@@ -49,7 +49,7 @@ def is_loopback(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
-# %% ../nbs/03_client.ipynb #3c983c2f
+# %% ../nbs/03_client.ipynb #35512cde
 ActT, ObsT, StateT = TypeVar("ActT"), TypeVar("ObsT"), TypeVar("StateT")
 EXT_HEADER = "x-openenv-extensions"
 WANTED = ("request-id", "metadata")  # extensions this client uses when the server offers them
@@ -79,7 +79,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def __repr__(self): return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
 
-# %% ../nbs/03_client.ipynb #4907b6b0
+# %% ../nbs/03_client.ipynb #fe58d348
 async def connect(self) -> "EnvClient":
     "Open the session (starting the provider's server first, if any); a no-op when open."
     if self._ws is not None: return self
@@ -106,7 +106,7 @@ async def _stop_provider(self):
 
 EnvClient.connect, EnvClient._stop_provider = connect, _stop_provider
 
-# %% ../nbs/03_client.ipynb #22017800
+# %% ../nbs/03_client.ipynb #86decb4d
 def _lost(self, e: ConnectionClosed, kind: str) -> EnvConnectionError:
     "The error for a connection that dropped while `kind` was in flight."
     self._ws = None
@@ -123,7 +123,7 @@ async def _receive(self, rid: int | None) -> dict:
 
 EnvClient._lost, EnvClient._receive = _lost, _receive
 
-# %% ../nbs/03_client.ipynb #dc53d3dd
+# %% ../nbs/03_client.ipynb #0deb2817
 async def _request(self, msg: dict) -> dict:
     "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`."
     await self.connect()
@@ -148,7 +148,7 @@ async def _request(self, msg: dict) -> dict:
 
 EnvClient._request = _request
 
-# %% ../nbs/03_client.ipynb #e2cae4e1
+# %% ../nbs/03_client.ipynb #6be0943d
 async def reset(self, **kwargs) -> StepResult[ObsT]:
     "Start a new episode (`seed=`, `episode_id=`, or what the environment takes)."
     return self._parse_result(await self._request({"type": "reset", "data": kwargs}))
@@ -163,7 +163,7 @@ async def state(self) -> StateT:
 
 EnvClient.reset, EnvClient.step, EnvClient.state = reset, step, state
 
-# %% ../nbs/03_client.ipynb #64de74e9
+# %% ../nbs/03_client.ipynb #15c7c604
 def _step_payload(self, action) -> dict:
     "The wire form of `action`: its fields, checked against the action class when known."
     if isinstance(action, dict) and self.action_type is not None: action = self.action_type.model_validate(action)
@@ -184,7 +184,7 @@ def _parse_state(self, payload: dict) -> StateT:
 
 EnvClient._step_payload, EnvClient._parse_result, EnvClient._parse_state = _step_payload, _parse_result, _parse_state
 
-# %% ../nbs/03_client.ipynb #0b41743d
+# %% ../nbs/03_client.ipynb #a2954f25
 async def disconnect(self):
     "Close the session (the server closes its environment); the client can connect again."
     ws, self._ws = self._ws, None
@@ -204,7 +204,7 @@ async def __aexit__(self, *exc): await self.close()
 
 EnvClient.disconnect, EnvClient.close, EnvClient.__aenter__, EnvClient.__aexit__ = disconnect, close, __aenter__, __aexit__
 
-# %% ../nbs/03_client.ipynb #74c5eb90
+# %% ../nbs/03_client.ipynb #3e9e5138
 @classmethod
 def from_local(cls, target: str | None = None, # `"echo"`, `"module:factory"` or `"module:app"`; defaults to the class's
                max_sessions: int = 64, # sessions the server will hold
@@ -218,12 +218,12 @@ def from_local(cls, target: str | None = None, # `"echo"`, `"module:factory"` or
 
 EnvClient.from_local = from_local
 
-# %% ../nbs/03_client.ipynb #dd3c8585
+# %% ../nbs/03_client.ipynb #8e5df289
 class GenericEnvClient(EnvClient[dict, dict, dict]):
     "An `EnvClient` with dicts in and dicts out."
     def _parse_state(self, payload: dict) -> dict: return payload
 
-# %% ../nbs/03_client.ipynb #c692363b
+# %% ../nbs/03_client.ipynb #9f3eb8bd
 class _Loop:
     "One event loop in a daemon thread, started on first use."
     loop, lock = None, threading.Lock()
@@ -244,7 +244,7 @@ def run_sync(coro):
         fut.cancel()
         raise
 
-# %% ../nbs/03_client.ipynb #3218ccb5
+# %% ../nbs/03_client.ipynb #68af094c
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     "Blocking twin of an `EnvClient`: the same calls, without `await`."
     def __init__(self, client: EnvClient): self.async_client = client
@@ -265,7 +265,7 @@ def sync(self) -> SyncEnvClient:
 
 EnvClient.sync = sync
 
-# %% ../nbs/03_client.ipynb #ef15ba87
+# %% ../nbs/03_client.ipynb #f4fc6333
 class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
     "Client for a server's HTTP routes."
     def __init__(self, base_url: str, # the server, `http://host:port`
@@ -280,7 +280,7 @@ class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
         self.action_type, self.observation_type = action_type or args[0], observation_type or args[1]
         self.state_type = state_type or args[2]
 
-# %% ../nbs/03_client.ipynb #8a9e0fa9
+# %% ../nbs/03_client.ipynb #b6566497
 def _call(self, method: str, path: str, body=None) -> Any:
     "One HTTP request; errors name the URL and what the server said."
     url = self.base_url + path
@@ -299,7 +299,7 @@ HTTPEnvClient._call = _call
 HTTPEnvClient._step_payload, HTTPEnvClient._parse_state = EnvClient._step_payload, EnvClient._parse_state
 HTTPEnvClient._parse_result = EnvClient._parse_result
 
-# %% ../nbs/03_client.ipynb #bbdf103a
+# %% ../nbs/03_client.ipynb #100bcd72
 def _h_reset(self, **kwargs) -> StepResult: return self._parse_result(self._call("POST", "/reset", kwargs))
 def _h_step(self, action, **kwargs) -> StepResult:
     return self._parse_result(self._call("POST", "/step", {"action": self._step_payload(action), **kwargs}))

@@ -8,7 +8,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/environment.html.md"""
 __all__ = ['ActT', 'ObsT', 'StateT', 'Transform', 'Environment', 'reset_async', 'step_async', 'overrides', 'get_metadata',
            'env_types']
 
-# %% ../nbs/01_environment.ipynb #ff59d72d
+# %% ../nbs/01_environment.ipynb #c4355139
 import inspect
 import typing
 from abc import ABC, abstractmethod
@@ -16,7 +16,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from .types import Action, EnvironmentMetadata, Observation, State, type_args
 
-# %% ../nbs/01_environment.ipynb #39879864
+# %% ../nbs/01_environment.ipynb #ac0a0db8
 ActT, ObsT, StateT = TypeVar("ActT"), TypeVar("ObsT"), TypeVar("StateT")
 
 class Transform(ABC, Generic[ObsT]):
@@ -24,7 +24,7 @@ class Transform(ABC, Generic[ObsT]):
     @abstractmethod
     def __call__(self, observation: ObsT) -> ObsT: ...
 
-# %% ../nbs/01_environment.ipynb #452e93a3
+# %% ../nbs/01_environment.ipynb #3a317b8c
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     "An episode-based environment, Gymnasium style: `reset`, then `step` until `done`."
     SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing, so one server may hold many at once
@@ -47,7 +47,7 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     def close(self):
         "Release what the environment holds (processes, files); called once when its session ends."
 
-# %% ../nbs/01_environment.ipynb #5e8a5818
+# %% ../nbs/01_environment.ipynb #01b4e1a9
 async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> ObsT:
     "Async `reset`; by default calls the sync one. Override only with code that never blocks the event loop."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
@@ -58,7 +58,7 @@ async def step_async(self, action: ActT, timeout_s: float | None = None, **kwarg
 
 Environment.reset_async, Environment.step_async = reset_async, step_async
 
-# %% ../nbs/01_environment.ipynb #7a4d8446
+# %% ../nbs/01_environment.ipynb #457d7c5e
 def overrides(env: Environment, # an environment instance or class
               name: str # a method name, e.g. `"step_async"`
              ) -> bool:
@@ -66,7 +66,7 @@ def overrides(env: Environment, # an environment instance or class
     cls = env if isinstance(env, type) else type(env)
     return getattr(cls, name) is not getattr(Environment, name)
 
-# %% ../nbs/01_environment.ipynb #75a0ece8
+# %% ../nbs/01_environment.ipynb #fa81fabb
 def get_metadata(self) -> EnvironmentMetadata:
     "What `/metadata` reports: by default the class name and the first line of its docstring."
     name = type(self).__name__
@@ -79,7 +79,7 @@ def _apply_transform(self, observation: ObsT) -> ObsT:
 
 Environment.get_metadata, Environment._apply_transform = get_metadata, _apply_transform
 
-# %% ../nbs/01_environment.ipynb #59fae2fa
+# %% ../nbs/01_environment.ipynb #7b4f3cfe
 def env_types(env: type | Callable # an `Environment` subclass (or a factory annotated with one)
              ) -> tuple[type[Action] | None, type[Observation] | None, type[State]]:
     "The `(action, observation, state)` classes of an environment class; `None` where unknown."

@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/providers.html.md"""
 # %% auto #0
 __all__ = ['ProviderError', 'Provider', 'healthy', 'LocalProcessProvider', 'start', 'stop']
 
-# %% ../nbs/04_providers.ipynb #e4ab66eb
+# %% ../nbs/04_providers.ipynb #a3cfcb4e
 import atexit
 import ctypes
 import os
@@ -21,7 +21,7 @@ import urllib.request
 import weakref
 from pathlib import Path
 
-# %% ../nbs/04_providers.ipynb #415c025e
+# %% ../nbs/04_providers.ipynb #3cf66d7d
 class ProviderError(RuntimeError):
     "A server could not be started; the message carries its last log lines."
 
@@ -33,7 +33,7 @@ class Provider:
     def __enter__(self): self.start(); return self
     def __exit__(self, *exc): self.stop()
 
-# %% ../nbs/04_providers.ipynb #017540f1
+# %% ../nbs/04_providers.ipynb #be2b7fd3
 def healthy(base_url: str, # the server's base URL
             timeout: float = 1.0 # limit on the one request
            ) -> bool:
@@ -43,7 +43,7 @@ def healthy(base_url: str, # the server's base URL
         with opener.open(base_url.rstrip("/") + "/health", timeout=timeout) as r: return r.status == 200
     except (OSError, ValueError): return False
 
-# %% ../nbs/04_providers.ipynb #d7b9e830
+# %% ../nbs/04_providers.ipynb #1925e7b2
 _PR_SET_PDEATHSIG = 1
 _live: "weakref.WeakSet[LocalProcessProvider]" = weakref.WeakSet()
 
@@ -58,7 +58,7 @@ def _die_with_parent():
 def _stop_all():
     for p in list(_live): p.stop()
 
-# %% ../nbs/04_providers.ipynb #46961f5b
+# %% ../nbs/04_providers.ipynb #9a9168a2
 class LocalProcessProvider(Provider):
     "Serve an environment in a subprocess on a free loopback port."
     def __init__(self, target: str = "echo", # `"echo"`, `"module:factory"` or `"module:app"`
@@ -85,7 +85,7 @@ class LocalProcessProvider(Provider):
         try: return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except (OSError, AttributeError): return ""
 
-# %% ../nbs/04_providers.ipynb #6b37ed24
+# %% ../nbs/04_providers.ipynb #6a7af06a
 _ANNOUNCE = re.compile(r"serving on (http://\S+)")
 
 def start(self) -> str:
@@ -106,7 +106,7 @@ def start(self) -> str:
 
 LocalProcessProvider.start = start
 
-# %% ../nbs/04_providers.ipynb #a39ca0ac
+# %% ../nbs/04_providers.ipynb #d93ecf7f
 def _wait_ready(self) -> str:
     "Poll the log for the address, then `/health`, until ready, exited, or timed out."
     deadline, url = time.monotonic() + self.startup_timeout_s, None
@@ -122,7 +122,7 @@ def _wait_ready(self) -> str:
 
 LocalProcessProvider._wait_ready = _wait_ready
 
-# %% ../nbs/04_providers.ipynb #b4675069
+# %% ../nbs/04_providers.ipynb #f8544c61
 def stop(self, timeout_s: float = 5.0 # grace period before `SIGKILL`
         ):
     "Stop the server and everything it started; safe to call twice."

@@ -9,7 +9,7 @@ __all__ = ['log', 'EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'accepted', 'call_env'
            'StepMsg', 'StateMsg', 'CloseMsg', 'decode', 'Session', 'serve_session', 'ws_endpoint', 'add_http_routes',
            'mcp', 'create_app', 'bind', 'serve']
 
-# %% ../nbs/02_server.ipynb #6a265e51
+# %% ../nbs/02_server.ipynb #f9110d2b
 import asyncio
 import contextlib
 import functools
@@ -34,7 +34,7 @@ from .environment import Environment, env_types, overrides
 from .types import (Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State,
                               StepRequest, error_frame, to_envelope)
 
-# %% ../nbs/02_server.ipynb #232a47c1
+# %% ../nbs/02_server.ipynb #bb3be070
 log = logging.getLogger("openenv_nb.server")
 
 @functools.lru_cache(maxsize=256)
@@ -50,7 +50,7 @@ def accepted(fn: Callable, # a method
     names, var_kw = _params(getattr(fn, "__func__", fn))
     return kwargs if var_kw else {k: v for k, v in kwargs.items() if k in names}
 
-# %% ../nbs/02_server.ipynb #58955471
+# %% ../nbs/02_server.ipynb #ecc5c381
 async def call_env(env: Environment, # the session's environment
                    name: str, # `"reset"` or `"step"`
                    pool: ThreadPoolExecutor, # where blocking methods run
@@ -62,7 +62,7 @@ async def call_env(env: Environment, # the session's environment
     fn = getattr(env, name)
     return await asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args, **accepted(fn, kwargs)))
 
-# %% ../nbs/02_server.ipynb #496e124f
+# %% ../nbs/02_server.ipynb #ca3f4d59
 EXTENSIONS = ("request-id", "metadata", "idle-timeout", "health-capacity")
 EXT_HEADER = "x-openenv-extensions"
 
@@ -75,7 +75,7 @@ def _check_factory(env) -> None:
         raise TypeError(f"create_app needs an environment class or zero-argument factory, got {type(env).__name__!s} "
                         f"instance; pass `{type(env).__name__}`, not `{type(env).__name__}()`")
 
-# %% ../nbs/02_server.ipynb #6a8161f2
+# %% ../nbs/02_server.ipynb #d3581ed8
 class Hub:
     "What every session of one server shares."
     def __init__(self, env: Callable[[], Environment], action_cls: type[Action], observation_cls: type[Observation],
@@ -109,7 +109,7 @@ class Hub:
     def health(self) -> dict:
         return {"status": "healthy", "active_sessions": self.active, "max_sessions": self.max_sessions}
 
-# %% ../nbs/02_server.ipynb #087361f4
+# %% ../nbs/02_server.ipynb #173fa06f
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -133,7 +133,7 @@ def _errors(e: ValidationError) -> list:
     "A `ValidationError`'s list, safe to put in JSON."
     return json.loads(e.json(include_url=False))
 
-# %% ../nbs/02_server.ipynb #c1eeeb1a
+# %% ../nbs/02_server.ipynb #040b20bd
 def _valid_id(rid) -> bool:
     return isinstance(rid, (str, int)) and not isinstance(rid, bool) and len(str(rid)) <= 255
 
@@ -154,7 +154,7 @@ def decode(text: str # a text frame
     try: return cls.model_validate(m), rid
     except ValidationError as e: return error_frame(ErrorCode.VALIDATION_ERROR, "Invalid message", errors=_errors(e)), rid
 
-# %% ../nbs/02_server.ipynb #47c833ed
+# %% ../nbs/02_server.ipynb #98052094
 class Session:
     "One WebSocket connection: one environment, its messages handled one at a time."
     def __init__(self, hub: Hub, env: Environment, metadata: bool = False):
@@ -175,7 +175,7 @@ class Session:
         if isinstance(m, StateMsg): return {"type": "state", "data": env.state.model_dump(mode="json")}
         return None
 
-# %% ../nbs/02_server.ipynb #9a6ba7a1
+# %% ../nbs/02_server.ipynb #ea8968df
 @patch_to(Session)
 async def handle(self, text: str | None # the frame's text; `None` for a binary frame
                 ) -> dict | None:
@@ -194,7 +194,7 @@ async def handle(self, text: str | None # the frame's text; `None` for a binary 
     if rid is not None: m["id"] = rid
     return m
 
-# %% ../nbs/02_server.ipynb #4f51b977
+# %% ../nbs/02_server.ipynb #4776b311
 def _client_ext(ws: WebSocket) -> set[str]:
     "Extensions the client listed in its handshake request."
     return {e.strip() for e in ws.headers.get(EXT_HEADER, "").split(",") if e.strip()}
@@ -222,7 +222,7 @@ async def serve_session(hub: Hub, ws: WebSocket):
             await _send(ws, reply)
     finally: await hub.close_env(env)
 
-# %% ../nbs/02_server.ipynb #6cdac32c
+# %% ../nbs/02_server.ipynb #8490c218
 async def ws_endpoint(ws: WebSocket):
     "The `/ws` route: one connection, one session."
     hub: Hub = ws.app.state.hub
@@ -243,7 +243,7 @@ async def ws_endpoint(ws: WebSocket):
             try: await ws.close()
             except Exception: pass
 
-# %% ../nbs/02_server.ipynb #490d0734
+# %% ../nbs/02_server.ipynb #e92f30cf
 async def _one_shot(hub: Hub, name: str, *args, **kwargs):
     "Call `name` on a fresh environment, then close it."
     env = await hub.make_env()
@@ -256,7 +256,7 @@ def _failed(e: Exception) -> JSONResponse:
 
 def _wants_metadata(request: Request) -> bool: return "metadata" in request.headers.get(EXT_HEADER, "")
 
-# %% ../nbs/02_server.ipynb #b7e098e8
+# %% ../nbs/02_server.ipynb #4d2e94ea
 def add_http_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state` and `/mcp` on `app`."
     schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
@@ -296,7 +296,7 @@ def add_http_routes(app: FastAPI, hub: Hub):
         try: return env.state.model_dump(mode="json")
         finally: await hub.close_env(env)
 
-# %% ../nbs/02_server.ipynb #bc0cafd5
+# %% ../nbs/02_server.ipynb #fb27f0fe
 def _rpc_error(rid, code: int, message: str) -> dict:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
@@ -310,13 +310,13 @@ async def mcp(request: Request) -> dict:
     if req["method"] == "tools/list": return {"jsonrpc": "2.0", "id": req.get("id"), "result": {"tools": []}}
     return _rpc_error(req.get("id"), -32601, f"Method not found: {req['method']} (this environment has no tools)")
 
-# %% ../nbs/02_server.ipynb #60aead2e
+# %% ../nbs/02_server.ipynb #736e365b
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
     yield
     app.state.hub.shutdown()
 
-# %% ../nbs/02_server.ipynb #218dc832
+# %% ../nbs/02_server.ipynb #bdd3bf56
 def _env_class(env: Callable, probe: bool) -> type | None:
     "The class `env` builds: `env` itself, its return annotation, or (when `probe`) the type of one instance."
     if isinstance(env, type): return env
@@ -328,7 +328,7 @@ def _env_class(env: Callable, probe: bool) -> type | None:
     try: return type(inst)
     finally: inst.close()
 
-# %% ../nbs/02_server.ipynb #1757306d
+# %% ../nbs/02_server.ipynb #c50f69f7
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
                observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
@@ -362,7 +362,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
     app.add_api_websocket_route("/ws", ws_endpoint)
     return app
 
-# %% ../nbs/02_server.ipynb #2f668bbf
+# %% ../nbs/02_server.ipynb #1d0982a3
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     "A listening socket on `host:port` (`0` picks a free port)."
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -372,7 +372,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
-# %% ../nbs/02_server.ipynb #f31cfa19
+# %% ../nbs/02_server.ipynb #83c8ae0a
 def serve(app: FastAPI, # the app to serve
           host: str = "127.0.0.1", # address to listen on
           port: int = 8000, # port, `0` for a free one

@@ -9,7 +9,7 @@ __all__ = ['ObsT', 'Action', 'Observation', 'State', 'EnvironmentMetadata', 'Res
            'StepResult', 'from_envelope', 'ErrorCode', 'error_frame', 'OpenEnvError', 'EnvConnectionError',
            'EnvTimeoutError', 'EnvServerError', 'type_args']
 
-# %% ../nbs/00_types.ipynb #38dde1bd
+# %% ../nbs/00_types.ipynb #7cd51037
 import json
 import typing
 from dataclasses import dataclass, field
@@ -18,13 +18,13 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# %% ../nbs/00_types.ipynb #523c6099
+# %% ../nbs/00_types.ipynb #1fd9899e
 class Action(BaseModel):
     "What an agent sends to `Environment.step`; unknown fields are an error."
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form data that rides along with the action")
 
-# %% ../nbs/00_types.ipynb #7a0b5343
+# %% ../nbs/00_types.ipynb #aef8a8ab
 class Observation(BaseModel):
     "What an environment returns from `reset` and `step`."
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
@@ -32,14 +32,14 @@ class Observation(BaseModel):
     reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Extra data for the client (kept on the wire by the `metadata` extension)")
 
-# %% ../nbs/00_types.ipynb #b677aa08
+# %% ../nbs/00_types.ipynb #929ed7fa
 class State(BaseModel):
     "An environment's episode bookkeeping; environments may add fields."
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
     episode_id: str | None = Field(default=None, description="Id of the current episode")
     step_count: int = Field(default=0, ge=0, description="Steps taken in the current episode")
 
-# %% ../nbs/00_types.ipynb #940c05ae
+# %% ../nbs/00_types.ipynb #456db9e2
 class EnvironmentMetadata(BaseModel):
     "What `/metadata` reports about an environment."
     model_config = ConfigDict(extra="forbid")
@@ -50,14 +50,14 @@ class EnvironmentMetadata(BaseModel):
     author: str | None = Field(default=None, description="Who wrote it")
     documentation_url: str | None = Field(default=None, description="Where its docs live")
 
-# %% ../nbs/00_types.ipynb #aacbd061
+# %% ../nbs/00_types.ipynb #19a388ed
 class ResetRequest(BaseModel):
     "Body of a reset: an optional seed and episode id, plus environment-specific keys."
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"seed": 42, "episode_id": "episode-001"}, {}]})
     seed: int | None = Field(default=None, ge=0, description="Random seed for a reproducible episode")
     episode_id: str | None = Field(default=None, max_length=255, description="Id to give the new episode")
 
-# %% ../nbs/00_types.ipynb #2d4c3978
+# %% ../nbs/00_types.ipynb #956061bc
 class StepRequest(BaseModel):
     "Body of an HTTP step: the action's fields, an optional timeout, plus environment-specific keys."
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"action": {"message": "hi"}, "timeout_s": 30.0}]})
@@ -65,7 +65,7 @@ class StepRequest(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, description="Time limit for the step, in seconds")
     request_id: str | None = Field(default=None, max_length=255, description="An id for tracing the request")
 
-# %% ../nbs/00_types.ipynb #2fa31d65
+# %% ../nbs/00_types.ipynb #4adf7b83
 _LIFTED = {"reward", "done", "metadata"}
 
 def to_envelope(obs: Observation, # the observation an environment returned
@@ -76,7 +76,7 @@ def to_envelope(obs: Observation, # the observation an environment returned
     if metadata and obs.metadata: env["metadata"] = obs.metadata
     return env
 
-# %% ../nbs/00_types.ipynb #3f8228e0
+# %% ../nbs/00_types.ipynb #f1473f2f
 ObsT = TypeVar("ObsT")
 
 @dataclass
@@ -86,7 +86,7 @@ class StepResult(Generic[ObsT]):
     reward: float | None = None
     done: bool = False
 
-# %% ../nbs/00_types.ipynb #8ceaaf93
+# %% ../nbs/00_types.ipynb #ab4de4b7
 def from_envelope(env: dict, # an envelope as received
                   obs_cls: type[Observation] | None = None # the environment's observation class; `None` keeps a dict
                  ) -> StepResult:
@@ -96,7 +96,7 @@ def from_envelope(env: dict, # an envelope as received
         obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or {}})
     return StepResult(observation=obs, reward=reward, done=done)
 
-# %% ../nbs/00_types.ipynb #ca8ff813
+# %% ../nbs/00_types.ipynb #a8151219
 class ErrorCode(StrEnum):
     "Codes of WebSocket error frames."
     INVALID_JSON = "INVALID_JSON"          # the frame is not a JSON object
@@ -107,7 +107,7 @@ class ErrorCode(StrEnum):
     FACTORY_ERROR = "FACTORY_ERROR"        # the environment could not be created
     SESSION_ERROR = "SESSION_ERROR"        # the session ended (e.g. reaped when idle)
 
-# %% ../nbs/00_types.ipynb #9285f1ef
+# %% ../nbs/00_types.ipynb #84a63de8
 def error_frame(code: ErrorCode, # what kind of error
                 message: str, # what went wrong, for a person
                 **extra # more fields for `data` (e.g. `errors`, `active_sessions`)
@@ -115,7 +115,7 @@ def error_frame(code: ErrorCode, # what kind of error
     "A WebSocket error frame."
     return {"type": "error", "data": {"message": message, "code": str(code), **extra}}
 
-# %% ../nbs/00_types.ipynb #185a5999
+# %% ../nbs/00_types.ipynb #f3a04f92
 class OpenEnvError(Exception):
     "Base of the errors that openenv-nb raises."
 
@@ -125,7 +125,7 @@ class EnvConnectionError(OpenEnvError, ConnectionError):
 class EnvTimeoutError(OpenEnvError, TimeoutError):
     "No reply came within the timeout."
 
-# %% ../nbs/00_types.ipynb #8195c64d
+# %% ../nbs/00_types.ipynb #2e65187c
 class EnvServerError(OpenEnvError, RuntimeError):
     "The server answered with an error: its `code`, `message` and the rest of its `data`."
     def __init__(self, code: str, message: str, data: dict | None = None, url: str | None = None):
@@ -138,7 +138,7 @@ class EnvServerError(OpenEnvError, RuntimeError):
         "Build from the `data` of an error frame."
         return cls(str(data.get("code", "UNKNOWN")), str(data.get("message", "")), data, url)
 
-# %% ../nbs/00_types.ipynb #6bfc0b2b
+# %% ../nbs/00_types.ipynb #2e5f6785
 def type_args(cls: type, # a class that subclasses `base[...]` somewhere
               base: type # the generic base, e.g. `Environment`
              ) -> tuple:

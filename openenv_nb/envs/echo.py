@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/echo.html.md"""
 # %% auto #0
 __all__ = ['EchoAction', 'EchoObservation', 'EchoEnvironment', 'EchoEnv', 'EchoHTTPEnv']
 
-# %% ../../nbs/envs/echo.ipynb #bff7714e
+# %% ../../nbs/envs/echo.ipynb #b7c1878e
 from uuid import uuid4
 
 from pydantic import Field
@@ -16,7 +16,7 @@ from ..client import EnvClient, HTTPEnvClient
 from ..environment import Environment
 from ..types import Action, Observation, State
 
-# %% ../../nbs/envs/echo.ipynb #c9727d0d
+# %% ../../nbs/envs/echo.ipynb #b2ec28e5
 class EchoAction(Action):
     "A message to echo."
     message: str = Field(description="Text to send back")
@@ -26,7 +26,7 @@ class EchoObservation(Observation):
     echoed_message: str = Field(default="", description="The message sent, unchanged")
     message_length: int = Field(default=0, ge=0, description="Its length in characters")
 
-# %% ../../nbs/envs/echo.ipynb #235195fd
+# %% ../../nbs/envs/echo.ipynb #c1ade6c6
 class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
     "Echoes every message back; the reward is 0.1 per character."
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -48,7 +48,7 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
     @property
     def state(self) -> State: return self._state
 
-# %% ../../nbs/envs/echo.ipynb #18b90248
+# %% ../../nbs/envs/echo.ipynb #eef5d658
 async def _reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> EchoObservation:
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
@@ -57,7 +57,7 @@ async def _step_async(self, action: EchoAction, timeout_s: float | None = None, 
 
 EchoEnvironment.reset_async, EchoEnvironment.step_async = _reset_async, _step_async
 
-# %% ../../nbs/envs/echo.ipynb #152b0742
+# %% ../../nbs/envs/echo.ipynb #813e0c59
 class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
     "Client for the echo environment; `EchoEnv.from_local()` serves one on this machine."
     default_target = "echo"
