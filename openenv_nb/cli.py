@@ -40,10 +40,12 @@ def make_app(target: str, # what to serve
     if isinstance(obj, type) and issubclass(obj, Environment) and not obj.SUPPORTS_CONCURRENT_SESSIONS: max_sessions = 1
     return create_app(obj, max_concurrent_envs=max_sessions, session_timeout=session_timeout)
 
-# %% ../nbs/07_cli.ipynb #6b98921e
+# %% ../nbs/07_cli.ipynb #5662193b
 def cmd_serve(a):
     "Serve an environment over HTTP and WebSocket."
+    from openenv_nb.providers import die_with_parent
     from openenv_nb.server import serve
+    die_with_parent()
     app = make_app(a.target, a.max_sessions, a.session_timeout or None)
     serve(app, host=a.host, port=a.port, log_level=a.log_level)
 

@@ -79,12 +79,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def __repr__(self): return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
 
-# %% ../nbs/03_client.ipynb #fe58d348
+# %% ../nbs/03_client.ipynb #e446a99a
 async def connect(self) -> "EnvClient":
     "Open the session (starting the provider's server first, if any); a no-op when open."
     if self._ws is not None: return self
     if self._provider is not None and self.base_url is None:
-        self.base_url = self._provider.start()
+        self.base_url = await asyncio.get_running_loop().run_in_executor(None, self._provider.start)
     try:
         self._ws = await ws_connect(self.url, open_timeout=self._connect_timeout, max_size=self._max_size,
                                     compression=None, additional_headers={EXT_HEADER: ", ".join(WANTED)},
