@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/types.html.md"""
 
 # %% auto #0
 __all__ = ['ObsT', 'Action', 'Observation', 'State', 'EnvironmentMetadata', 'ResetRequest', 'StepRequest', 'to_envelope',
-           'StepResult', 'from_envelope', 'ErrorCode', 'error_frame', 'OpenEnvError', 'EnvConnectionError',
+           'Envelope', 'StepResult', 'from_envelope', 'ErrorCode', 'error_frame', 'OpenEnvError', 'EnvConnectionError',
            'EnvTimeoutError', 'EnvServerError', 'type_args']
 
 # %% ../nbs/00_types.ipynb #7cd51037
@@ -76,7 +76,15 @@ def to_envelope(obs: Observation, # the observation an environment returned
     if metadata and obs.metadata: env["metadata"] = obs.metadata
     return env
 
-# %% ../nbs/00_types.ipynb #f1473f2f
+# %% ../nbs/00_types.ipynb #0723e399
+class Envelope(BaseModel):
+    "The reply to a reset or step: an observation's fields, with reward and done beside them."
+    observation: dict[str, Any] = Field(description="The observation's own fields")
+    reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
+    done: bool = Field(default=False, description="Whether the episode has ended")
+    metadata: dict[str, Any] | None = Field(default=None, description="The observation's metadata (`metadata` extension only)")
+
+# %% ../nbs/00_types.ipynb #9e417b3e
 ObsT = TypeVar("ObsT")
 
 @dataclass
@@ -86,7 +94,7 @@ class StepResult(Generic[ObsT]):
     reward: float | None = None
     done: bool = False
 
-# %% ../nbs/00_types.ipynb #ab4de4b7
+# %% ../nbs/00_types.ipynb #7007cca5
 def from_envelope(env: dict, # an envelope as received
                   obs_cls: type[Observation] | None = None # the environment's observation class; `None` keeps a dict
                  ) -> StepResult:
@@ -96,7 +104,7 @@ def from_envelope(env: dict, # an envelope as received
         obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or {}})
     return StepResult(observation=obs, reward=reward, done=done)
 
-# %% ../nbs/00_types.ipynb #a8151219
+# %% ../nbs/00_types.ipynb #25e1eaec
 class ErrorCode(StrEnum):
     "Codes of WebSocket error frames."
     INVALID_JSON = "INVALID_JSON"          # the frame is not a JSON object
@@ -107,7 +115,7 @@ class ErrorCode(StrEnum):
     FACTORY_ERROR = "FACTORY_ERROR"        # the environment could not be created
     SESSION_ERROR = "SESSION_ERROR"        # the session ended (e.g. reaped when idle)
 
-# %% ../nbs/00_types.ipynb #84a63de8
+# %% ../nbs/00_types.ipynb #a336ef83
 def error_frame(code: ErrorCode, # what kind of error
                 message: str, # what went wrong, for a person
                 **extra # more fields for `data` (e.g. `errors`, `active_sessions`)
@@ -115,7 +123,7 @@ def error_frame(code: ErrorCode, # what kind of error
     "A WebSocket error frame."
     return {"type": "error", "data": {"message": message, "code": str(code), **extra}}
 
-# %% ../nbs/00_types.ipynb #f3a04f92
+# %% ../nbs/00_types.ipynb #9e06c7cf
 class OpenEnvError(Exception):
     "Base of the errors that openenv-nb raises."
 
@@ -125,7 +133,7 @@ class EnvConnectionError(OpenEnvError, ConnectionError):
 class EnvTimeoutError(OpenEnvError, TimeoutError):
     "No reply came within the timeout."
 
-# %% ../nbs/00_types.ipynb #2e65187c
+# %% ../nbs/00_types.ipynb #ce676977
 class EnvServerError(OpenEnvError, RuntimeError):
     "The server answered with an error: its `code`, `message` and the rest of its `data`."
     def __init__(self, code: str, message: str, data: dict | None = None, url: str | None = None):
@@ -138,7 +146,7 @@ class EnvServerError(OpenEnvError, RuntimeError):
         "Build from the `data` of an error frame."
         return cls(str(data.get("code", "UNKNOWN")), str(data.get("message", "")), data, url)
 
-# %% ../nbs/00_types.ipynb #2e5f6785
+# %% ../nbs/00_types.ipynb #2e1bdb5b
 def type_args(cls: type, # a class that subclasses `base[...]` somewhere
               base: type # the generic base, e.g. `Environment`
              ) -> tuple:
