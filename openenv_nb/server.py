@@ -133,7 +133,7 @@ def _errors(e: ValidationError) -> list:
     "A `ValidationError`'s list, safe to put in JSON."
     return json.loads(e.json(include_url=False))
 
-# %% ../nbs/02_server.ipynb #040b20bd
+# %% ../nbs/02_server.ipynb #6650d32e
 def _valid_id(rid) -> bool:
     return isinstance(rid, (str, int)) and not isinstance(rid, bool) and len(str(rid)) <= 255
 
@@ -141,7 +141,7 @@ def decode(text: str # a text frame
           ) -> tuple[BaseModel | dict, Any]:
     "A frame as `(typed message, request id)`, with an error frame in place of the message when it is bad."
     try: m = json.loads(text)
-    except ValueError as e: return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
+    except (ValueError, RecursionError) as e: return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
     if not isinstance(m, dict):
         return error_frame(ErrorCode.INVALID_JSON, f"A message must be a JSON object with a 'type', not {type(m).__name__}"), None
     rid = m.pop("id", None)
@@ -312,14 +312,14 @@ def add_http_routes(app: FastAPI, hub: Hub):
         try: return env.state.model_dump(mode="json")
         finally: await hub.close_env(env)
 
-# %% ../nbs/02_server.ipynb #2531db3a
+# %% ../nbs/02_server.ipynb #e01a9170
 def _rpc_error(rid, code: int, message: str) -> dict:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
 async def mcp(request: Request) -> dict:
     "The `/mcp` route: JSON-RPC 2.0 for an environment without tools."
     try: req = json.loads(await request.body())
-    except ValueError as e: return _rpc_error(None, -32700, f"Parse error: {e}")
+    except (ValueError, RecursionError) as e: return _rpc_error(None, -32700, f"Parse error: {e}")
     if not isinstance(req, dict) or req.get("jsonrpc") != "2.0" or not isinstance(req.get("method"), str):
         return _rpc_error(req.get("id") if isinstance(req, dict) else None, -32600,
                           "Invalid request: expected a JSON-RPC 2.0 object with 'jsonrpc' and 'method'")

@@ -27,6 +27,7 @@ def test_http_routes(echo_url):
     assert st["step_count"] == 0 and isinstance(st["episode_id"], str)  # stateless: a fresh environment
     assert s.post(echo_url + "/mcp", json={}).json()["error"]["code"] == -32600
     assert s.post(echo_url + "/mcp", data="{").json()["error"]["code"] == -32700
+    assert s.post(echo_url + "/mcp", data="[" * 100_000).json()["error"]["code"] == -32700
     assert isinstance(s.get(echo_url + "/openapi.json").json()["info"]["version"], str)
 
 
@@ -39,6 +40,8 @@ def test_422_shapes(echo_url):
     for bad in ["", "{", "[]", '{"actio": {}}', '{"action": 5}']:
         r = s.post(echo_url + "/step", data=bad, headers={"content-type": "application/json"})
         assert r.status_code == 422 and isinstance(r.json()["detail"], list), (bad, r.text)
+    r = s.post(echo_url + "/step", data="[" * 100_000 + "]" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "parsing the body" in r.json()["detail"]
     for body in [{"seed": -1}, {"seed": "x"}, {"episode_id": "e" * 256}]:
         r = s.post(echo_url + "/reset", json=body)
         assert r.status_code == 422 and r.json()["detail"], r.text

@@ -53,6 +53,7 @@ def test_extensions_are_negotiated(echo_url):
 MALFORMED = [
     ("not json", "{nope", "INVALID_JSON"),
     ("a JSON list", "[1, 2]", "INVALID_JSON"),
+    ("JSON nested too deeply", "[" * 100_000 + "]" * 100_000, "INVALID_JSON"),
     ("a binary frame", b'{"type": "state"}', "INVALID_JSON"),
     ("a type that is not a string", {"type": 5}, "UNKNOWN_TYPE"),
     ("an unknown type", {"type": "jump"}, "UNKNOWN_TYPE"),
