@@ -6,8 +6,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 
 # %% auto #0
 __all__ = ['log', 'EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'ENVELOPE', 'accepted', 'call_env', 'ConcurrencyError', 'Hub',
-           'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'decode', 'Session', 'serve_session', 'ws_endpoint', 'Health',
-           'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'create_app', 'bind', 'serve']
+           'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'decode', 'Session', 'serve_session', 'ws_endpoint',
+           'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'create_app', 'bind', 'serve']
 
 # %% ../nbs/02_server.ipynb #81518876
 import asyncio
@@ -243,16 +243,19 @@ async def ws_endpoint(ws: WebSocket):
             try: await ws.close()
             except Exception: pass
 
-# %% ../nbs/02_server.ipynb #e92f30cf
-async def _one_shot(hub: Hub, name: str, *args, **kwargs):
-    "Call `name` on a fresh environment, then close it."
-    env = await hub.make_env()
-    try: return await call_env(env, name, hub.pool, *args, **kwargs)
-    finally: await hub.close_env(env)
+# %% ../nbs/02_server.ipynb #5adef608
+def _failed(e: BaseException, code: ErrorCode = ErrorCode.EXECUTION_ERROR) -> JSONResponse:
+    "A 500 that names what failed."
+    log.warning("environment call failed on HTTP (%s)", code, exc_info=True)
+    return JSONResponse({"detail": {"code": str(code), "message": f"{type(e).__name__}: {e}"}}, status_code=500)
 
-def _failed(e: Exception) -> JSONResponse:
-    log.warning("environment raised on HTTP", exc_info=True)
-    return JSONResponse({"detail": {"code": "EXECUTION_ERROR", "message": f"{type(e).__name__}: {e}"}}, status_code=500)
+async def one_shot(hub: Hub, fn: Callable) -> Any:
+    "`await fn(env)` on a fresh environment, closed afterwards; a failure becomes a 500 naming it."
+    try: env = await hub.make_env()
+    except Exception as e: return _failed(e, ErrorCode.FACTORY_ERROR)
+    try: return await fn(env)
+    except Exception as e: return _failed(e)
+    finally: await hub.close_env(env)
 
 def _wants_metadata(request: Request) -> bool: return "metadata" in request.headers.get(EXT_HEADER, "")
 
@@ -272,7 +275,7 @@ class HTTPError(BaseModel):
 
 ENVELOPE = dict(response_model=None, responses={200: {"model": Envelope}, 422: {"model": HTTPError}, 500: {"model": HTTPError}})
 
-# %% ../nbs/02_server.ipynb #81fc886b
+# %% ../nbs/02_server.ipynb #4909883a
 def add_http_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state` and `/mcp` on `app`."
     schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
@@ -282,35 +285,35 @@ def add_http_routes(app: FastAPI, hub: Hub):
     async def health() -> dict: return hub.health()
 
     @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata, summary="About this environment")
-    async def metadata() -> EnvironmentMetadata:
+    async def metadata():
         if hub.metadata is None:
-            env = await hub.make_env()
-            try: hub.metadata = env.get_metadata()
-            finally: await hub.close_env(env)
+            async def get(env): return env.get_metadata()
+            got = await one_shot(hub, get)
+            if isinstance(got, JSONResponse): return got
+            hub.metadata = got
         return hub.metadata
 
     @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state", response_model=Schemas)
     async def get_schema() -> dict: return schema
 
     @app.post("/reset", tags=["Environment Control"], summary="Reset a fresh environment (stateless)", **ENVELOPE)
-    async def reset(request: Request, body: ResetRequest = Body(default_factory=ResetRequest)) -> dict:
-        try: obs = await _one_shot(hub, "reset", **body.model_dump(exclude_unset=True))
-        except Exception as e: return _failed(e)
-        return to_envelope(obs, _wants_metadata(request))
+    async def reset(request: Request, body: ResetRequest = Body(default_factory=ResetRequest)):
+        kw, meta = body.model_dump(exclude_unset=True), _wants_metadata(request)
+        async def go(env): return to_envelope(await call_env(env, "reset", hub.pool, **kw), meta)
+        return await one_shot(hub, go)
 
     @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)", **ENVELOPE)
-    async def step(request: Request, body: StepRequest) -> dict:
+    async def step(request: Request, body: StepRequest):
         try: action = hub.action_cls.model_validate(body.action)
         except ValidationError as e: return JSONResponse({"detail": _errors(e)}, status_code=422)
-        try: obs = await _one_shot(hub, "step", action, **body.model_dump(exclude_unset=True, exclude={"action"}))
-        except Exception as e: return _failed(e)
-        return to_envelope(obs, _wants_metadata(request))
+        kw, meta = body.model_dump(exclude_unset=True, exclude={"action"}), _wants_metadata(request)
+        async def go(env): return to_envelope(await call_env(env, "step", hub.pool, action, **kw), meta)
+        return await one_shot(hub, go)
 
     @app.get("/state", tags=["State Management"], summary="State of a fresh environment (stateless)")
-    async def state() -> dict:
-        env = await hub.make_env()
-        try: return env.state.model_dump(mode="json")
-        finally: await hub.close_env(env)
+    async def state():
+        async def go(env): return env.state.model_dump(mode="json")
+        return await one_shot(hub, go)
 
 # %% ../nbs/02_server.ipynb #e01a9170
 def _rpc_error(rid, code: int, message: str) -> dict:

@@ -136,6 +136,8 @@ def test_a_factory_that_fails_gives_factory_error(server):
     err = asyncio.run(raw(url, {"type": "reset"}))[0]
     assert err["data"]["code"] == "FACTORY_ERROR" and "no such resource" in err["data"]["message"]
     assert health(url)["active_sessions"] == 0
+    r = requests.post(url + "/reset")
+    assert r.status_code == 500 and r.json()["detail"] == {"code": "FACTORY_ERROR", "message": "OSError: no such resource"}
 
 
 def test_a_slow_session_does_not_stall_the_others(server):
