@@ -64,7 +64,7 @@ def cmd_demo(a):
         s = env.state()
         print(f"state   -> episode {s.episode_id}, {s.step_count} steps")
 
-# %% ../nbs/07_cli.ipynb #acec76d4
+# %% ../nbs/07_cli.ipynb #4b0b54bd
 def parser() -> argparse.ArgumentParser:
     "The `openenv` argument parser."
     p = argparse.ArgumentParser(prog="openenv", description="Agentic RL environments over HTTP and WebSocket (openenv-nb)")
@@ -87,3 +87,5 @@ def main(argv: list[str] | None = None):
     "Entry point of the `openenv` command."
     a = parser().parse_args(argv)
     a.func(a)
+
+if __name__ == "__main__" and "__file__" in globals(): main()  # `python -m openenv_nb.cli`, but not in this notebook

@@ -63,7 +63,7 @@ _live: "weakref.WeakSet[LocalProcessProvider]" = weakref.WeakSet()
 def _stop_all():
     for p in list(_live): p.stop()
 
-# %% ../nbs/04_providers.ipynb #3eb88564
+# %% ../nbs/04_providers.ipynb #efa397a2
 class LocalProcessProvider(Provider):
     "Serve an environment in a subprocess on a free loopback port."
     def __init__(self, target: str = "echo", # `"echo"`, `"module:factory"` or `"module:app"`
@@ -82,7 +82,7 @@ class LocalProcessProvider(Provider):
 
     def command(self) -> list[str]:
         "The command line that starts the server."
-        return [sys.executable, "-c", "import sys; from openenv_nb.cli import main; main(sys.argv[1:])", "serve", self.target, "--host", self.host, "--port", str(self.port),
+        return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host, "--port", str(self.port),
                 "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.args]
 
     def log_tail(self, n: int = 20) -> str:
