@@ -14,8 +14,8 @@ import sys
 
 from .environment import Environment
 
-# %% ../nbs/07_cli.ipynb #ce797806
-BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment"}
+# %% ../nbs/07_cli.ipynb #c51416fe
+BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment", "coding": "openenv_nb.envs.coding:CodingEnvironment"}
 
 def load_target(target: str # `"echo"` or `"module:attribute"`
                ):
@@ -28,25 +28,26 @@ def load_target(target: str # `"echo"` or `"module:attribute"`
     for part in attr.split("."): obj = getattr(obj, part)
     return obj
 
-# %% ../nbs/07_cli.ipynb #665c577e
+# %% ../nbs/07_cli.ipynb #e727a5d7
 def make_app(target: str, # what to serve
              max_sessions: int = 64, # `max_concurrent_envs` of the server
              session_timeout: float | None = 300.0, # idle seconds before a session is reaped
+             web: bool | None = None, # serve the web interface (`None`: as `ENABLE_WEB_INTERFACE` says)
             ):
     "An app for `target`: served as is when it is one already, else made with `create_app`."
     from openenv_nb.server import create_app
     obj = load_target(target)
     if not (isinstance(obj, type) and issubclass(obj, Environment)) and hasattr(obj, "router"): return obj
     if isinstance(obj, type) and issubclass(obj, Environment) and not obj.SUPPORTS_CONCURRENT_SESSIONS: max_sessions = 1
-    return create_app(obj, max_concurrent_envs=max_sessions, session_timeout=session_timeout)
+    return create_app(obj, max_concurrent_envs=max_sessions, session_timeout=session_timeout, web=web)
 
-# %% ../nbs/07_cli.ipynb #5662193b
+# %% ../nbs/07_cli.ipynb #8530f3ac
 def cmd_serve(a):
     "Serve an environment over HTTP and WebSocket."
     from openenv_nb.providers import die_with_parent
     from openenv_nb.server import serve
     die_with_parent()
-    app = make_app(a.target, a.max_sessions, a.session_timeout or None)
+    app = make_app(a.target, a.max_sessions, a.session_timeout or None, web=True if a.web else None)
     serve(app, host=a.host, port=a.port, log_level=a.log_level)
 
 # %% ../nbs/07_cli.ipynb #0cc4a9e1
@@ -64,7 +65,7 @@ def cmd_demo(a):
         s = env.state()
         print(f"state   -> episode {s.episode_id}, {s.step_count} steps")
 
-# %% ../nbs/07_cli.ipynb #4b0b54bd
+# %% ../nbs/07_cli.ipynb #40654fd7
 def parser() -> argparse.ArgumentParser:
     "The `openenv` argument parser."
     p = argparse.ArgumentParser(prog="openenv", description="Agentic RL environments over HTTP and WebSocket (openenv-nb)")
@@ -76,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default: %(default)s)")
     s.add_argument("--session-timeout", type=float, default=300.0, help="idle seconds before a session is reaped; 0 never (default: %(default)s)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--web", action="store_true", help="serve the web interface at /web (also: ENABLE_WEB_INTERFACE=true)")
     s.set_defaults(func=cmd_serve)
     d = sub.add_parser("demo", help="run an echo episode on the local default", description=cmd_demo.__doc__)
     d.add_argument("messages", nargs="*", help="messages to send (default: a greeting)")

@@ -7,15 +7,17 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 # %% auto #0
 __all__ = ['log', 'EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'ENVELOPE', 'accepted', 'call_env', 'listed', 'ConcurrencyError', 'Hub',
            'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'decode', 'Session', 'serve_session', 'ws_endpoint',
-           'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'create_app', 'bind', 'serve']
+           'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'web_enabled', 'create_app', 'bind',
+           'serve']
 
-# %% ../nbs/02_server.ipynb #81518876
+# %% ../nbs/02_server.ipynb #c1fdeb42
 import asyncio
 import contextlib
 import functools
 import inspect
 import json
 import logging
+import os
 import socket
 import typing
 from concurrent.futures import ThreadPoolExecutor
@@ -329,13 +331,19 @@ async def mcp(request: Request) -> dict:
     if req["method"] == "tools/list": return {"jsonrpc": "2.0", "id": req.get("id"), "result": {"tools": []}}
     return _rpc_error(req.get("id"), -32601, f"Method not found: {req['method']} (this environment has no tools)")
 
-# %% ../nbs/02_server.ipynb #17c41e27
+# %% ../nbs/02_server.ipynb #b69b1791
+def web_enabled(web: bool | None = None) -> bool:
+    "Whether to serve the web interface: `web` when given, else `ENABLE_WEB_INTERFACE`."
+    if web is not None: return web
+    return os.environ.get("ENABLE_WEB_INTERFACE", "").strip().lower() in ("1", "true", "yes", "on")
+
+# %% ../nbs/02_server.ipynb #6c8735d4
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
     yield
     app.state.hub.shutdown()
 
-# %% ../nbs/02_server.ipynb #6bcdfa28
+# %% ../nbs/02_server.ipynb #c2a5b837
 def _env_class(env: Callable, probe: bool) -> type | None:
     "The class `env` builds: `env` itself, its return annotation, or (when `probe`) the type of one instance."
     if isinstance(env, type): return env
@@ -347,7 +355,7 @@ def _env_class(env: Callable, probe: bool) -> type | None:
     try: return type(inst)
     finally: inst.close()
 
-# %% ../nbs/02_server.ipynb #9272185a
+# %% ../nbs/02_server.ipynb #fade4b38
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
                observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
@@ -357,6 +365,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
                max_message_size: int = 1 << 20, # longest text frame accepted, in characters
                workers: int | None = None, # threads for environments with blocking methods
                metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the environment's own
+               web: bool | None = None, # serve the web interface at `/web`; `None` reads `ENABLE_WEB_INTERFACE`
               ) -> FastAPI:
     "A FastAPI app serving `env` over HTTP and `/ws`."
     _check_factory(env)
@@ -378,9 +387,12 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
     add_http_routes(app, hub)
     app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0 (no tools)")
     app.add_api_websocket_route("/ws", ws_endpoint)
+    if web_enabled(web):
+        from openenv_nb.web import add_web_interface
+        add_web_interface(app)
     return app
 
-# %% ../nbs/02_server.ipynb #657b3b03
+# %% ../nbs/02_server.ipynb #125d51a1
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     "A listening socket on `host:port` (`0` picks a free port)."
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -390,7 +402,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
-# %% ../nbs/02_server.ipynb #9f2e36f7
+# %% ../nbs/02_server.ipynb #f0b004f2
 def serve(app: FastAPI, # the app to serve
           host: str = "127.0.0.1", # address to listen on
           port: int = 8000, # port, `0` for a free one
