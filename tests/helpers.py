@@ -33,3 +33,15 @@ def broken_factory():
     """A factory that fails: every session gets FACTORY_ERROR."""
     raise OSError("no such resource")
 broken_factory.__annotations__["return"] = EchoEnvironment
+
+
+class Countdown(EchoEnvironment):
+    """Echo whose episodes end after `3 + seed % 3` steps (seed 0 when not given)."""
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.left = 3 + (seed or 0) % 3
+        return super().reset(seed, episode_id, **kwargs)
+    def step(self, action, timeout_s=None, **kwargs):
+        self.left -= 1
+        obs = super().step(action, timeout_s, **kwargs)
+        obs.done = self.left <= 0
+        return obs
