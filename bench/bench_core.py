@@ -80,17 +80,28 @@ def cpu_seconds(pid: int) -> float:
     return total / CLK_TCK
 
 
-def rss_mb(pid: int) -> float:
-    """VmRSS, in MB, of ``pid`` and its descendants."""
-    kb = 0
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes on the machine have used (user+nice+system+irq+softirq+steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6, 7)) / CLK_TCK
+
+
+def status_total(pid: int, key: str) -> int:
+    """Sum of a numeric /proc/PID/status field (e.g. ``VmRSS``, ``Threads``) over the tree."""
+    total = 0
     for p in proc_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    kb += int(line.split()[1])
+                if line.startswith(key + ":"):
+                    total += int(line.split()[1])
         except OSError:
             continue
-    return kb / 1024
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS, in MB, of ``pid`` and its descendants."""
+    return status_total(pid, "VmRSS") / 1024
 
 
 def raise_nofile(want: int = 65536) -> int:
@@ -183,7 +194,7 @@ def free_port() -> int:
 
 
 def core_python() -> str:
-    """Python of a venv with openenv-core 0.2.3: $OPENENV_CORE_PYTHON, /opt/oecore, or bench/.venv-core (created)."""
+    """Python with openenv-core 0.2.3: $OPENENV_CORE_PYTHON, /opt/oecore, else bench/.venv-core (created)."""
     if os.environ.get("OPENENV_CORE_PYTHON"):
         return os.environ["OPENENV_CORE_PYTHON"]
     if Path("/opt/oecore/bin/python").exists():
@@ -364,18 +375,24 @@ async def load_ws(spec: dict) -> dict:
         await asyncio.gather(*(step_loop(ws, warm_until, spec["warmup"], None) for ws in sockets))
         lat: list[float] = []
         pid = spec["server_pid"]
-        cpu0, own0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
+        all0, cpu0, own0 = machine_busy_seconds(), cpu_seconds(pid), time.process_time()
+        t0 = time.perf_counter()
         deadline = t0 + spec["duration"]
         counts = await asyncio.gather(*(
             step_loop(ws, deadline, spec["max_steps"], lat) for ws in sockets))
-        t1, own1, cpu1 = time.perf_counter(), time.process_time(), cpu_seconds(pid)
+        t1 = time.perf_counter()
+        own1, cpu1, all1 = time.process_time(), cpu_seconds(pid), machine_busy_seconds()
     finally:
         await close_sessions(sockets)
     steps = sum(counts)
+    if not steps:
+        return {"error": "no step completed in the timed phase"}
     lat.sort()
     return {"steps": steps, "elapsed": t1 - t0, "rate": steps / (t1 - t0),
             "p50": percentile(lat, 0.5) * 1e6, "p99": percentile(lat, 0.99) * 1e6,
-            "cpu": (cpu1 - cpu0) / steps * 1e6, "load_cpu_pct": (own1 - own0) / (t1 - t0) * 100,
+            "cpu": (cpu1 - cpu0) / steps * 1e6, "server_cpu_pct": (cpu1 - cpu0) / (t1 - t0) * 100,
+            "load_cpu_pct": (own1 - own0) / (t1 - t0) * 100,
+            "other_cpu_pct": max(0.0, (all1 - all0) - (cpu1 - cpu0) - (own1 - own0)) / (t1 - t0) * 100,
             "open_errors": len(errors), "first_error": errors[0] if errors else None,
             "ext": "deflate" if ext.startswith("permessage-deflate") else ext}
 
@@ -400,6 +417,8 @@ async def load_client_lib(spec: dict) -> dict:
             await call(env.step(EchoAction(message="hi")))
             lat.append(clock() - t)
         t1 = clock()
+    if not lat:
+        return {"error": "no step completed in the timed phase"}
     lat.sort()
     return {"steps": len(lat), "rate": len(lat) / (t1 - t0),
             "p50": percentile(lat, 0.5) * 1e6, "p99": percentile(lat, 0.99) * 1e6}
@@ -433,6 +452,8 @@ def load_http(spec: dict) -> dict:
         t1, cpu1 = clock(), cpu_seconds(spec["server_pid"])
     finally:
         conn.close()
+    if not n:
+        return {"error": "no request completed in the timed phase"}
     return {"steps": n, "rate": n / (t1 - t0), "cpu": (cpu1 - cpu0) / n * 1e6}
 
 
@@ -503,22 +524,28 @@ def hold_and_measure(server: Server, sessions: int, compression: str | None,
     """Hold ``sessions`` open sessions on ``server`` from a load process; read RSS meanwhile."""
     spec = {"mode": "hold", "url": server.ws_url, "sessions": sessions,
             "compression": compression, "hold_max_s": hold_max_s}
-    proc = track(subprocess.Popen(load_cmd(spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.PIPE, text=True))
-    try:
-        line = proc.stdout.readline()  # bounded by hold_max_s inside the load process
-        if not line.startswith("READY "):
-            proc.wait(10)
-            return {"error": " ".join(proc.stderr.read().strip().splitlines()[-1:])[:300]}
-        result = json.loads(line[6:])
-        time.sleep(0.5)  # let the server settle before reading RSS
-        result["rss_mb"] = rss_mb(server.proc.pid)
-        proc.stdin.write("done\n")
-        proc.stdin.flush()
-        proc.wait(60)
-        return result
-    finally:
-        stop(proc)
+    with tempfile.TemporaryFile("w+") as errfile:  # a file, not a pipe: it never fills up
+        proc = track(subprocess.Popen(load_cmd(spec), stdout=subprocess.PIPE, stderr=errfile,
+                                      stdin=subprocess.PIPE, text=True))
+        try:
+            line = proc.stdout.readline()  # open timeouts in the load process bound this
+            if not line.startswith("READY "):
+                proc.wait(10)
+                errfile.seek(0)
+                return {"error": " ".join(errfile.read().strip().splitlines()[-1:])[:300]
+                        or f"load process rc={proc.returncode}"}
+            result = json.loads(line[6:])
+            time.sleep(0.5)  # let the server settle before reading RSS
+            result["rss_mb"] = rss_mb(server.proc.pid)
+            result["threads"] = status_total(server.proc.pid, "Threads")
+            proc.stdin.write("done\n")
+            proc.stdin.flush()
+            proc.wait(60)
+            return result
+        except subprocess.TimeoutExpired:
+            return {"error": "load process did not finish"}
+        finally:
+            stop(proc)
 
 
 def inprocess_rate(name: str, seconds: float) -> float:
@@ -559,12 +586,27 @@ def cpu_probe_ms() -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def parallel_probe_ms(n: int = 2) -> float:
+    """Median of ``n`` probes run at once in ``n`` processes (n cores free: about one probe's time)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        return statistics.median(pool.map(_probe_arg, range(n)))
+
+
+def _probe_arg(_):
+    """``cpu_probe_ms`` for ``Pool.map``."""
+    return cpu_probe_ms()
+
+
 def noise_line(label: str) -> str:
-    """Five CPU probes and the load average, as one line."""
+    """Five CPU probes, two probes in parallel, and the load average, as one line."""
     ms = sorted(cpu_probe_ms() for _ in range(5))
+    med = statistics.median(ms)
+    par = parallel_probe_ms()
     la = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"noise {label}: cpu probe min/median/max = {ms[0]:.0f}/{statistics.median(ms):.0f}/"
-            f"{ms[-1]:.0f} ms, loadavg {la}")
+    return (f"noise {label}: cpu probe min/median/max = {ms[0]:.0f}/{med:.0f}/{ms[-1]:.0f} ms; "
+            f"2 probes at once {par:.0f} ms ({par / med:.1f}x: 1.0 = two free cores); loadavg {la}")
 
 
 # ---------------------------------------------------------------- results and table
@@ -590,7 +632,10 @@ ROWS = [
           ("core", ">=", 2.5, "≥2.5x core") if n == 64 else None) for n in CONC_LEVELS],
     Row("ws64.cpu", "server CPU per WS step, 64 sessions (µs)", "us", ("abs", "<=", 250, "≤250 µs")),
     Row("ws256.cpu", "server CPU per WS step, 256 sessions (µs)", "us"),
-    Row("ws64.load_cpu_pct", "load generator CPU busy, 64 sessions (%)", "pct"),
+    Row("ws64.server_cpu_pct", "server CPU busy, 64 sessions (% of a core)", "pct"),
+    Row("ws64.load_cpu_pct", "load generator CPU busy, 64 sessions (% of a core)", "pct"),
+    Row("ws1.other_cpu_pct", "other processes' CPU, 1-session phase (% of a core)", "pct"),
+    Row("ws64.other_cpu_pct", "other processes' CPU, 64-session phase (% of a core)", "pct"),
     Row("ws.ext", "WS extension negotiated", "text"),
     Row("http.rate", "HTTP POST /step req/s, 1 keep-alive client", "rate"),
     Row("http.cpu", "server CPU per HTTP step (µs)", "us"),
@@ -602,6 +647,7 @@ ROWS = [
     Row("rss.growth", "RSS growth idle → 1,000 sessions (MB)", "mb", ("abs", "<", 150, "<150 MB")),
     Row("hold1000.open_s", "time to open + reset 1,000 sessions (s)", "s"),
     Row("hold1000.errors", "errors opening 1,000 sessions", "int", ("abs", "==", 0, "0")),
+    Row("hold1000.threads", "server OS threads, 1,000 open sessions", "int"),
 ]
 
 
@@ -677,20 +723,22 @@ def target_cell(row: Row, res: Results) -> str:
 def ratio_cell(row: Row, res: Results, other: str) -> str:
     """ours/other for numeric rows."""
     a, b = res.get(row.key, "ours"), res.get(row.key, other)
-    if row.fmt in ("text", "pct", "int") or not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b == 0:
+    numeric = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b != 0
+    if row.fmt in ("text", "pct", "int") or not numeric:
         return ""
     return f"{a / b:.2f}x"
 
 
 def render_table(res: Results, names: list[str]) -> str:
     """The markdown table, one column per server plus ratios and targets."""
-    head = ["metric", *names, "ours/core", "ours/floor", "target (ours)"]
+    others = [o for o in ("core", "floor") if "ours" in names and o in names]
+    head = ["metric", *names, *(f"ours/{o}" for o in others), "target (ours)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in ROWS:
         if all(res.get(row.key, n) is None and (row.key, n) not in res.missing for n in names):
             continue
         cells = [row.label, *(fmt_value(res.get(row.key, n), row.fmt) for n in names),
-                 ratio_cell(row, res, "core"), ratio_cell(row, res, "floor"), target_cell(row, res)]
+                 *(ratio_cell(row, res, o) for o in others), target_cell(row, res)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -699,7 +747,7 @@ def render_missing(res: Results, names: list[str]) -> str:
     """One line per server that had no figure somewhere, with its distinct reasons (up to 3)."""
     out = []
     for n in names:
-        whys = [why for (k, m), why in res.missing.items() if m == n]
+        whys = [why for (k, m), why in res.missing.items() if m == n and res.get(k, m) is None]
         if whys:
             distinct = list(dict.fromkeys(whys))
             out.append(f"- {n}: n/a in {len(whys)} cell(s): " + " | ".join(distinct[:3]))
@@ -742,7 +790,8 @@ def measure_inprocess(names: list[str], plan: Plan, res: Results) -> None:
 
 def measure_ws(servers: dict[str, Server], sessions: int, plan: Plan, res: Results) -> None:
     """One timed WS phase with ``sessions`` connections, each server in turn."""
-    fields = ("rate", "p50", "p99", "cpu") if sessions == 1 else ("rate", "cpu", "load_cpu_pct")
+    fields = ("rate", "p50", "p99", "cpu", "other_cpu_pct") if sessions == 1 else (
+        "rate", "cpu", "server_cpu_pct", "load_cpu_pct", "other_cpu_pct")
     for name, server in servers.items():
         if not server.alive:
             continue
@@ -795,6 +844,7 @@ def measure_memory(servers: dict[str, Server], plan: Plan, res: Results) -> None
             res.add(f"hold{n}.open_s", name, out["open_s"])
             if n == 1000:
                 res.add("hold1000.errors", name, out["errors"])
+                res.add("hold1000.threads", name, out["threads"])
                 idle = res.get("rss.idle", name)
                 if idle is not None:
                     res.add("rss.growth", name, out["rss_mb"] - idle)

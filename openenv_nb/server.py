@@ -166,7 +166,7 @@ class BatchCloseMsg(_Msg):
 BATCH_MESSAGES = {"batch.open": BatchOpenMsg, "batch": BatchMsg, "batch.close": BatchCloseMsg}
 BATCH_TYPES = (BatchOpenMsg, BatchMsg, BatchCloseMsg)
 
-# %% ../nbs/02_server.ipynb #dc6bdf63
+# %% ../nbs/02_server.ipynb #506faf3a
 def _valid_id(rid) -> bool:
     return isinstance(rid, (str, int)) and not isinstance(rid, bool) and len(str(rid)) <= 255
 
@@ -183,6 +183,8 @@ def decode(text: str, # a text frame
         return error_frame(ErrorCode.VALIDATION_ERROR, "'id' must be a string or an integer of at most 255 characters",
                            errors=[{"type": "invalid_id", "loc": ["id"], "msg": "Invalid request id"}]), None
     kind = m.get("type")
+    if kind == "step" and len(m) == 2 and type(m.get("data")) is dict:  # the hot path, already checked
+        return StepMsg.model_construct(type="step", data=m["data"]), rid
     cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}"), rid
     try: return cls.model_validate(m), rid
@@ -508,17 +510,18 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
-# %% ../nbs/02_server.ipynb #47186e7b
+# %% ../nbs/02_server.ipynb #8a380c99
 def serve(app: FastAPI, # the app to serve
           host: str = "127.0.0.1", # address to listen on
           port: int = 8000, # port, `0` for a free one
           log_level: str = "info", # uvicorn's log level
           ws_max_size: int = 16 << 20, # largest WebSocket frame the transport reads, in bytes
+          compression: bool = False, # accept permessage-deflate when a client offers it
           announce: bool = True, # print the address once listening
          ):
     "Serve `app` with uvicorn until interrupted."
     sock = bind(host, port)
-    cfg = uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size,
+    cfg = uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size, ws_per_message_deflate=compression,
                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)
     if announce: print(f"openenv-nb serving on http://{host}:{sock.getsockname()[1]}", flush=True)
     uvicorn.Server(cfg).run(sockets=[sock])
