@@ -7,10 +7,11 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 # %% auto #0
 __all__ = ['log', 'EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'MAX_BATCH', 'BATCH_MESSAGES', 'BATCH_TYPES', 'ENVELOPE', 'accepted',
            'call_env', 'listed', 'ConcurrencyError', 'Hub', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'Op',
-           'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg', 'decode', 'Session', 'serve_session', 'ws_endpoint', 'one_shot',
-           'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'web_enabled', 'create_app', 'bind', 'serve']
+           'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg', 'decode', 'Session', 'gather_eager', 'serve_session',
+           'ws_endpoint', 'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'web_enabled',
+           'create_app', 'bind', 'serve']
 
-# %% ../nbs/02_server.ipynb #c1fdeb42
+# %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
 import contextlib
 import functools
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import types
 import typing
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -277,7 +279,30 @@ async def release(self):
     "Close every environment the connection opened."
     await self.close_envs(list(self.envs))
 
-# %% ../nbs/02_server.ipynb #4da8d10d
+# %% ../nbs/02_server.ipynb #e13c42f9
+@types.coroutine
+def _resume(coro, waiting):
+    "Drive `coro` on from its first suspension, where it waits on `waiting`."
+    while True:
+        try: sent = yield waiting
+        except BaseException as e:
+            try: waiting = coro.throw(e)
+            except StopIteration as stop: return stop.value
+        else:
+            try: waiting = coro.send(sent)
+            except StopIteration as stop: return stop.value
+
+async def gather_eager(coros: list) -> list:
+    "Like `asyncio.gather`, but each coroutine runs at once, and only those that suspend get a task."
+    results, pending = [None] * len(coros), {}
+    for i, c in enumerate(coros):
+        try: waiting = c.send(None)
+        except StopIteration as stop: results[i] = stop.value
+        else: pending[i] = asyncio.ensure_future(_resume(c, waiting))
+    for i, r in zip(pending, await asyncio.gather(*pending.values())): results[i] = r
+    return results
+
+# %% ../nbs/02_server.ipynb #db312c53
 @patch_to(Session)
 async def run_op(self, op: Op) -> dict:
     "The result of one op: the frame it would get on its own."
@@ -297,10 +322,10 @@ async def act_batch(self, m: BaseModel) -> dict:
     for i, op in enumerate(ops): groups.setdefault(op.env, []).append(i)
     async def run(idx):
         for i in idx: results[i] = await self.run_op(ops[i])
-    await asyncio.gather(*[run(idx) for idx in groups.values()])
+    await gather_eager([run(idx) for idx in groups.values()])
     return {"type": "batch", "data": {"results": results}}
 
-# %% ../nbs/02_server.ipynb #a1bec605
+# %% ../nbs/02_server.ipynb #43287aaa
 async def _send(ws: WebSocket, frame: dict): await ws.send_text(json.dumps(frame))
 
 def _factory_error(hub: Hub, e: Exception) -> dict:
@@ -330,7 +355,7 @@ async def serve_session(hub: Hub, ws: WebSocket, ext: set[str]):
         if env is not None: await hub.close_env(env)
         await session.release()
 
-# %% ../nbs/02_server.ipynb #02c4c70c
+# %% ../nbs/02_server.ipynb #7541cf2e
 async def ws_endpoint(ws: WebSocket):
     "The `/ws` route: one connection, one session."
     hub: Hub = ws.app.state.hub
@@ -353,7 +378,7 @@ async def ws_endpoint(ws: WebSocket):
             try: await ws.close()
             except Exception: pass
 
-# %% ../nbs/02_server.ipynb #9eb5c7d6
+# %% ../nbs/02_server.ipynb #83cb0b8f
 def _failed(e: BaseException, code: ErrorCode = ErrorCode.EXECUTION_ERROR) -> JSONResponse:
     "A 500 that names what failed."
     log.warning("environment call failed on HTTP (%s)", code, exc_info=True)
@@ -369,7 +394,7 @@ async def one_shot(hub: Hub, fn: Callable) -> Any:
 
 def _wants_metadata(request: Request) -> bool: return "metadata" in listed(request.headers.get(EXT_HEADER, ""))
 
-# %% ../nbs/02_server.ipynb #7396029f
+# %% ../nbs/02_server.ipynb #c0fcba9f
 class Health(BaseModel):
     status: str = Field(description="`healthy` while the server serves")
     active_sessions: int = Field(description="Open WebSocket sessions (`health-capacity` extension)")
@@ -385,7 +410,7 @@ class HTTPError(BaseModel):
 
 ENVELOPE = dict(response_model=None, responses={200: {"model": Envelope}, 422: {"model": HTTPError}, 500: {"model": HTTPError}})
 
-# %% ../nbs/02_server.ipynb #6e0fc4eb
+# %% ../nbs/02_server.ipynb #77fcb87f
 def add_http_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state` and `/mcp` on `app`."
     schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
@@ -425,7 +450,7 @@ def add_http_routes(app: FastAPI, hub: Hub):
         async def go(env): return env.state.model_dump(mode="json")
         return await one_shot(hub, go)
 
-# %% ../nbs/02_server.ipynb #61339a01
+# %% ../nbs/02_server.ipynb #69b31b65
 def _rpc_error(rid, code: int, message: str) -> dict:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
@@ -439,19 +464,19 @@ async def mcp(request: Request) -> dict:
     if req["method"] == "tools/list": return {"jsonrpc": "2.0", "id": req.get("id"), "result": {"tools": []}}
     return _rpc_error(req.get("id"), -32601, f"Method not found: {req['method']} (this environment has no tools)")
 
-# %% ../nbs/02_server.ipynb #7d7a43a5
+# %% ../nbs/02_server.ipynb #1aa0d3b7
 def web_enabled(web: bool | None = None) -> bool:
     "Whether to serve the web interface: `web` when given, else `ENABLE_WEB_INTERFACE`."
     if web is not None: return web
     return os.environ.get("ENABLE_WEB_INTERFACE", "").strip().lower() in ("1", "true", "yes", "on")
 
-# %% ../nbs/02_server.ipynb #64b7ac3a
+# %% ../nbs/02_server.ipynb #45513ee4
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
     yield
     app.state.hub.shutdown()
 
-# %% ../nbs/02_server.ipynb #a00b7d03
+# %% ../nbs/02_server.ipynb #2369598e
 def _env_class(env: Callable, probe: bool) -> type | None:
     "The class `env` builds: `env` itself, its return annotation, or (when `probe`) the type of one instance."
     if isinstance(env, type): return env
@@ -463,7 +488,7 @@ def _env_class(env: Callable, probe: bool) -> type | None:
     try: return type(inst)
     finally: inst.close()
 
-# %% ../nbs/02_server.ipynb #886d5be6
+# %% ../nbs/02_server.ipynb #fe27908f
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
                observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
@@ -500,7 +525,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
         add_web_interface(app)
     return app
 
-# %% ../nbs/02_server.ipynb #1c2e0651
+# %% ../nbs/02_server.ipynb #3ef46e10
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     "A listening socket on `host:port` (`0` picks a free port)."
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -510,7 +535,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
-# %% ../nbs/02_server.ipynb #8a380c99
+# %% ../nbs/02_server.ipynb #a3f849ca
 def serve(app: FastAPI, # the app to serve
           host: str = "127.0.0.1", # address to listen on
           port: int = 8000, # port, `0` for a free one

@@ -1,0 +1,155 @@
+"""Rollout throughput: batched frames (the `batch` extension, `VectorEnv`) against one frame per step.
+
+Echo environments, aggregate environment-steps/s for 64, 256 and 1,024 environments, in one run:
+- ours, batched, one server          VectorEnv over one connection
+- ours, batched, local default       VectorEnv over one server process per core
+- ours, one frame per step           N `EchoEnv` clients, one WebSocket each
+- core, one frame per step           N openenv-core `GenericEnvClient`s against openenv-core's server
+Load runs in a separate process; server CPU per environment-step is read from /proc.
+
+    python bench/bench_batch.py [--quick] [--sizes 64,256,1024] [--seconds 3]
+"""
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import core_python, cpu_seconds, noise_line, raise_nofile, start_server, stop, stop_all  # noqa: E402
+
+CORE_LOAD = r'''
+import asyncio, json, sys, time
+from openenv.core.generic_client import GenericEnvClient
+url, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+async def one(deadline, counts, i):
+    env = GenericEnvClient(base_url=url, message_timeout_s=120)
+    await env.connect(); await env.reset()
+    while time.perf_counter() < deadline:
+        await env.step({"message": "hello"}); counts[i] += 1
+    await env.close()
+async def main():
+    counts = [0] * n
+    clients = []
+    t0 = time.perf_counter() + 30  # room to open; the clock below starts once all are open
+    opened = asyncio.Event()
+    start = time.perf_counter()
+    deadline = start + 30 + seconds
+    await asyncio.gather(*[one(deadline, counts, i) for i in range(n)])
+    print(json.dumps({"steps": sum(counts), "seconds": time.perf_counter() - start}))
+asyncio.run(main())
+'''
+
+
+def load(spec: dict) -> dict:
+    """Run one load phase in this (child) process and return its counts."""
+    raise_nofile()
+    from openenv_nb.envs.echo import EchoAction, EchoEnv, EchoObservation
+    from openenv_nb.types import State
+    from openenv_nb.vector import VectorEnv
+
+    class EchoVector(VectorEnv[EchoAction, EchoObservation, State]): pass
+
+    n, seconds, urls = spec["n"], spec["seconds"], spec["urls"]
+
+    async def batched():
+        async with EchoVector(urls, num_envs=n, message_timeout_s=120) as venv:
+            await venv.reset()
+            actions = [EchoAction(message="hello")] * n
+            for _ in range(3): await venv.step(actions)
+            steps, errors, t0 = 0, 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                r = await venv.step(actions)
+                steps += n; errors += sum(e is not None for e in r.errors)
+            return {"steps": steps, "seconds": time.perf_counter() - t0, "errors": errors}
+
+    async def per_frame():
+        envs = [EchoEnv(urls[0], message_timeout_s=120) for _ in range(n)]
+        await asyncio.gather(*[e.connect() for e in envs])
+        await asyncio.gather(*[e.reset() for e in envs])
+        counts, t0 = [0] * n, time.perf_counter()
+        async def run(i):
+            while time.perf_counter() - t0 < seconds:
+                await envs[i].step(EchoAction(message="hello")); counts[i] += 1
+        await asyncio.gather(*[run(i) for i in range(n)])
+        out = {"steps": sum(counts), "seconds": time.perf_counter() - t0, "errors": 0}
+        await asyncio.gather(*[e.close() for e in envs])
+        return out
+
+    return asyncio.run(batched() if spec["mode"] == "batched" else per_frame())
+
+
+def run_load(spec: dict, pids: list[int], timeout: float = 300) -> dict:
+    """Run a load phase in a child process; add the servers' CPU seconds used during it."""
+    c0 = sum(cpu_seconds(p) for p in pids)
+    if spec["mode"] == "core":
+        cmd = [core_python(), "-c", CORE_LOAD, spec["urls"][0], str(spec["n"]), str(spec["seconds"])]
+    else:
+        cmd = [sys.executable, __file__, "--load", json.dumps(spec)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    cpu = sum(cpu_seconds(p) for p in pids) - c0
+    if r.returncode != 0: return {"error": (r.stderr or r.stdout)[-300:].replace("\n", " ")}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["cpu_us"] = 1e6 * cpu / max(out["steps"], 1)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 s phases")
+    p.add_argument("--sizes", default="64,256,1024")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--load", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.load: return print(json.dumps(load(json.loads(a.load))))
+    raise_nofile()
+    seconds = 1.0 if a.quick else a.seconds
+    sizes = [int(s) for s in a.sizes.split(",")]
+    logdir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    print(noise_line("before"))
+    servers = {k: start_server(n, logdir) for k, n in [("ours1", "ours"), ("ours2", "ours"), ("core", "core")]}
+    try:
+        for k, s in servers.items():
+            if s.error: print(f"{k}: {s.error}")
+        o1, o2, core = servers["ours1"], servers["ours2"], servers["core"]
+        cores = os.cpu_count() or 1
+        phases = [("ours, batched, 1 server", "batched", [o1], [o1.http_url]),
+                  (f"ours, batched, {min(cores, 2)} servers (local default)", "batched", [o1, o2][:min(cores, 2)],
+                   [o1.http_url, o2.http_url][:min(cores, 2)]),
+                  ("ours, one frame per step", "per_frame", [o1], [o1.http_url]),
+                  ("core, one frame per step", "core", [core], [core.http_url])]
+        table = {}
+        for label, mode, srv, urls in phases:
+            for n in sizes:
+                if any(s.error for s in srv): table[label, n] = {"error": "server not running"}; continue
+                table[label, n] = run_load({"mode": mode, "n": n, "seconds": seconds, "urls": urls}, [s.proc.pid for s in srv])
+        print(noise_line("after"))
+        print()
+        print("| environment-steps/s (server CPU µs per env-step) | " + " | ".join(f"{n} envs" for n in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for label, *_ in phases:
+            cells = []
+            for n in sizes:
+                r = table[label, n]
+                cells.append(f"n/a ({r['error'][:60]})" if "error" in r else f"{r['steps'] / r['seconds']:,.0f} ({r['cpu_us']:.0f})"
+                             + (f", {r['errors']} errors" if r.get("errors") else ""))
+            print(f"| {label} | " + " | ".join(cells) + " |")
+        best = phases[0][0]
+        ratio = lambda a, b, n: (table[a, n]["steps"] / table[a, n]["seconds"]) / (table[b, n]["steps"] / table[b, n]["seconds"])
+        for n in sizes:
+            try:
+                print(f"\n{n} envs: batched (1 server) / core = {ratio(best, 'core, one frame per step', n):.1f}x; "
+                      f"batched / ours per frame = {ratio(best, 'ours, one frame per step', n):.1f}x")
+            except (KeyError, ZeroDivisionError): pass
+        print("\nTarget: >= 20,000 echo environment-steps/s with 256 environments, and 10x openenv-core at the same count.")
+    finally:
+        for s in servers.values(): stop(s.proc)
+        stop_all()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+// openenv-nb web interface: a form built from the action schema, driving the server's page episode over /ws/ui.
+// Plain JavaScript, no framework, nothing fetched from the internet. Data is always set as text, never as HTML.
+(() => {
+  "use strict";
+  const $ = (sel) => document.querySelector(sel);
+  const el = (tag, attrs = {}, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
+    return e;
+  };
+
+  const ui = { fields: [], resetFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0 };
+
+  // ---- form rules (the same as `parse_field` in openenv_nb/web.py) ----
+  const NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+  const INTEGER = /^[+-]?\d+$/;
+  const OMIT = Symbol("omit");
+  const chars = (s) => [...s].length;
+
+  function matches(pattern, s) {  // a pattern JavaScript cannot read is left to the server to check
+    let re;
+    try { re = new RegExp(pattern, "u"); } catch (e) { return true; }
+    return re.test(s);
+  }
+
+  function parseField(spec, raw) {
+    const k = spec.kind;
+    if (k === "boolean") return !!raw;
+    const s = raw === null || raw === undefined ? "" : String(raw);
+    const isText = k === "string" || k === "textarea" || k === "code";
+    if (!isText && s.trim() === "") {
+      if (!spec.required) return OMIT;
+      if (spec.nullable) return null;
+      throw new Error("Required");
+    }
+    if (isText) {
+      if (s === "" && !spec.required) return OMIT;
+      if (spec.minLength != null && chars(s) < spec.minLength) throw new Error(`At least ${spec.minLength} characters`);
+      if (spec.maxLength != null && chars(s) > spec.maxLength) throw new Error(`At most ${spec.maxLength} characters`);
+      if (spec.pattern != null && !matches(spec.pattern, s)) throw new Error(`Must match ${spec.pattern}`);
+      return s;
+    }
+    if (k === "enum") {
+      const i = Number(s);
+      if (!Number.isInteger(i) || i < 0 || i >= spec.options.length) throw new Error("Choose one of the options");
+      return spec.options[i];
+    }
+    if (k === "integer" || k === "number") {
+      const t = s.trim();
+      if (k === "integer" && !INTEGER.test(t)) throw new Error("Must be a whole number");
+      if (k === "number" && !NUMBER.test(t)) throw new Error("Must be a number");
+      const v = Number(t);
+      if (k === "integer" && !Number.isSafeInteger(v)) throw new Error("Must be a whole number");
+      if (spec.minimum != null && v < spec.minimum) throw new Error(`Must be at least ${spec.minimum}`);
+      if (spec.maximum != null && v > spec.maximum) throw new Error(`Must be at most ${spec.maximum}`);
+      if (spec.exclusiveMinimum != null && v <= spec.exclusiveMinimum) throw new Error(`Must be more than ${spec.exclusiveMinimum}`);
+      if (spec.exclusiveMaximum != null && v >= spec.exclusiveMaximum) throw new Error(`Must be less than ${spec.exclusiveMaximum}`);
+      return v;
+    }
+    let v;  // json
+    try { v = JSON.parse(s); } catch (e) { throw new Error("Not valid JSON"); }
+    if (spec.json_type === "array" && !Array.isArray(v)) throw new Error("Must be a JSON array");
+    if (spec.json_type === "object" && (v === null || typeof v !== "object" || Array.isArray(v))) throw new Error("Must be a JSON object");
+    return v;
+  }
+
+  // ---- building the form ----
+  function control(spec, id) {
+    const k = spec.kind, d = spec.default;
+    if (k === "boolean") return el("input", { type: "checkbox", id, name: spec.name, checked: d === true });
+    if (k === "enum") {
+      const sel = el("select", { id, name: spec.name });
+      const hasDefault = spec.options.some((o) => o === d);
+      if (!hasDefault || spec.nullable) sel.append(el("option", { value: "", text: "—" }));  // "none" or "choose one"
+      spec.options.forEach((o, i) => sel.append(el("option", { value: String(i), text: String(o), selected: o === d && hasDefault })));
+      return sel;
+    }
+    const text = d === undefined || d === null ? "" : (k === "json" ? JSON.stringify(d) : String(d));
+    if (k === "textarea" || k === "code" || k === "json") {
+      const t = el("textarea", { id, name: spec.name, class: k === "textarea" ? null : k === "json" ? "code json" : "code",
+                                spellcheck: k === "textarea" ? null : "false" });
+      t.value = text;
+      return t;
+    }
+    const inp = el("input", { type: "text", id, name: spec.name, inputmode: k === "integer" ? "numeric" : k === "number" ? "decimal" : null });
+    inp.value = text;
+    return inp;
+  }
+
+  function typeLabel(spec) {
+    if (spec.kind === "enum") return "choice";
+    if (spec.kind === "json") return spec.json_type ? `JSON ${spec.json_type}` : "JSON";
+    if (spec.kind === "textarea" || spec.kind === "code") return "string";
+    return spec.kind;
+  }
+
+  function limits(spec) {
+    const parts = [];
+    if (spec.minimum != null) parts.push(`≥ ${spec.minimum}`);
+    if (spec.exclusiveMinimum != null) parts.push(`> ${spec.exclusiveMinimum}`);
+    if (spec.maximum != null) parts.push(`≤ ${spec.maximum}`);
+    if (spec.exclusiveMaximum != null) parts.push(`< ${spec.exclusiveMaximum}`);
+    if (spec.minLength != null) parts.push(`at least ${spec.minLength} chars`);
+    if (spec.maxLength != null) parts.push(`at most ${spec.maxLength} chars`);
+    if (spec.pattern != null) parts.push(`matches ${spec.pattern}`);
+    return parts.join(", ");
+  }
+
+  function renderFields(container, specs, prefix) {
+    container.replaceChildren();
+    if (!specs.length) container.append(el("p", { class: "muted", text: "This action has no fields." }));
+    for (const spec of specs) {
+      const id = `${prefix}${spec.name}`, c = control(spec, id);
+      c.setAttribute("aria-describedby", `error-${id}`);
+      const hint = [spec.description, limits(spec)].filter(Boolean).join(" · ");
+      const label = spec.kind === "boolean"
+        ? el("label", { class: "check", for: id }, c, spec.label)
+        : el("label", { for: id }, spec.label, spec.required && !spec.nullable ? el("span", { class: "req", title: "required", text: "*" }) : null,
+             el("span", { class: "type", text: typeLabel(spec) }));
+      container.append(el("div", { class: "field", "data-field": spec.name },
+        label, hint ? el("div", { class: "hint" }, ...prose(hint)) : null, spec.kind === "boolean" ? null : c,
+        el("div", { class: "error", id: `error-${id}`, "aria-live": "polite" })));
+      c.addEventListener("input", () => setFieldError(prefix, spec.name, ""));
+    }
+  }
+
+  function prose(text) {  // text with `backticked` parts as code, built as nodes (never parsed as HTML)
+    return String(text).split("`").map((part, i) => (i % 2 ? el("code", { text: part }) : document.createTextNode(part)));
+  }
+
+  function setFieldError(prefix, name, msg) {
+    const c = document.getElementById(`${prefix}${name}`), e = document.getElementById(`error-${prefix}${name}`);
+    if (!c || !e) return false;
+    e.textContent = msg;
+    if (msg) c.setAttribute("aria-invalid", "true"); else c.removeAttribute("aria-invalid");
+    return true;
+  }
+
+  function collect(specs, prefix) {
+    const data = {}, errors = {};
+    for (const spec of specs) {
+      const c = document.getElementById(`${prefix}${spec.name}`);
+      try {
+        const v = parseField(spec, spec.kind === "boolean" ? c.checked : c.value);
+        if (v !== OMIT) data[spec.name] = v;
+        setFieldError(prefix, spec.name, "");
+      } catch (e) { errors[spec.name] = e.message; setFieldError(prefix, spec.name, e.message); }
+    }
+    const first = Object.keys(errors)[0];
+    if (first) document.getElementById(`${prefix}${first}`).focus();
+    return [data, errors];
+  }
+
+  // ---- talking to the server ----
+  function wsURL() {
+    const base = location.pathname.replace(/\/web\/?$/, "").replace(/\/+$/, "");
+    return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${base}/ws/ui`;
+  }
+
+  function send(type, data, onReply) {
+    if (!ui.ws || ui.ws.readyState !== WebSocket.OPEN) { showMessage("Not connected to the server; retrying…"); return; }
+    const id = ++ui.seq, frame = { type, id };
+    if (data !== undefined) frame.data = data;
+    ui.waiting.set(id, onReply || (() => {}));
+    setBusy(true);
+    ui.ws.send(JSON.stringify(frame));
+  }
+
+  function setBusy(busy) { for (const b of document.querySelectorAll(".buttons button")) b.disabled = busy; }
+
+  function connect() {
+    const ws = new WebSocket(wsURL());
+    ui.ws = ws;
+    ws.onopen = () => { ui.retry = 0; setStatus(true); };
+    ws.onmessage = (ev) => {
+      let m;
+      try { m = JSON.parse(ev.data); } catch (e) { return showMessage("The server sent a frame that is not JSON."); }
+      handle(m);
+    };
+    ws.onclose = () => {
+      if (ui.ws !== ws) return;
+      setStatus(false); ui.waiting.clear(); setBusy(false);
+      setTimeout(connect, Math.min(5000, 300 * 2 ** ui.retry++));
+    };
+  }
+
+  function handle(m) {
+    const reply = m.id !== undefined ? ui.waiting.get(m.id) : undefined;
+    if (reply) { ui.waiting.delete(m.id); if (!ui.waiting.size) setBusy(false); }
+    switch (m.type) {
+      case "snapshot": return snapshot(m.data);
+      case "update": return update(m.data);
+      case "pages": return setPages(m.data.count);
+      case "observation": hideMessage(); return reply && reply(m);
+      case "state": setRaw(m); return showState(m.data);
+      case "error": setRaw(m); return showError(m.data);
+    }
+  }
+
+  function showError(d) {
+    const errs = Array.isArray(d.errors) ? d.errors : [];
+    const unplaced = [];
+    for (const e of errs) {
+      const loc = Array.isArray(e.loc) ? e.loc : [];
+      const name = String(loc[0] ?? "");
+      const placed = ui.fields.some((f) => f.name === name) && setFieldError("field-", name, e.msg || "Invalid value");
+      if (!placed && !(ui.resetFields.some((f) => f.name === name) && setFieldError("reset-", name, e.msg || "Invalid value")))
+        unplaced.push(`${loc.join(".") || "action"}: ${e.msg}`);
+    }
+    if (!errs.length || unplaced.length) showMessage(`${d.code || "ERROR"}: ${d.message || ""}${unplaced.length ? "\n" + unplaced.join("\n") : ""}`);
+  }
+
+  function showMessage(text) { const b = $("#message"); b.textContent = text; b.hidden = false; }
+  function hideMessage() { $("#message").hidden = true; }
+
+  function setStatus(on) {
+    const s = $("#status");
+    s.className = `pill ${on ? "on" : "off"}`;
+    s.textContent = on ? "live" : "reconnecting…";
+  }
+
+  function setPages(n) { $("#pages").textContent = n === 1 ? "1 page open" : `${n} pages open`; }
+
+  // ---- rendering the episode ----
+  function snapshot(d) {
+    ui.fields = d.fields; ui.resetFields = d.reset_fields; ui.maxHistory = d.max_history;
+    $("#env-name").textContent = d.name;
+    document.title = `${d.name} · openenv-nb`;
+    $("#env-description").replaceChildren(...prose(d.description || ""));
+    const form = JSON.stringify([d.fields, d.reset_fields]);
+    if (form !== ui.form) {  // a reconnect to the same environment keeps what was typed
+      renderFields($("#fields"), ui.fields, "field-");
+      renderFields($("#reset-fields"), ui.resetFields, "reset-");
+      ui.form = form;
+    }
+    setPages(d.pages);
+    ui.history = d.history.slice();
+    renderEpisode(d.episode);
+  }
+
+  function update(d) {
+    if (d.entry.kind === "reset") ui.history = [];
+    ui.history.unshift(d.entry);
+    ui.history.length = Math.min(ui.history.length, ui.maxHistory);
+    setRaw(replyOf(d.entry));
+    renderEpisode(d.episode, true);
+  }
+
+  function replyOf(e) {  // the reply frame an entry came from, as the server sent it
+    const data = { observation: e.observation, reward: e.reward, done: e.done };
+    if (e.metadata && Object.keys(e.metadata).length) data.metadata = e.metadata;
+    return { type: "observation", data };
+  }
+
+  function setRaw(frame) { $("#raw-json").textContent = JSON.stringify(frame, null, 2); }
+
+  function renderEpisode(ep, fresh) {
+    const last = ui.history[0];
+    $("#stat-reward").textContent = last && last.reward !== null && last.reward !== undefined ? fmt(last.reward) : "–";
+    const done = $("#stat-done");
+    done.textContent = last ? (last.done ? "yes" : "no") : "–";
+    done.classList.toggle("yes", !!(last && last.done));
+    $("#stat-step").textContent = ep && ep.step_count !== null && ep.step_count !== undefined ? String(ep.step_count) : "–";
+    $("#stat-episode").textContent = (ep && ep.episode_id) || "–";
+    $("#stat-episode").title = (ep && ep.episode_id) || "";
+    renderObservation(last);
+    if (last && !fresh) setRaw(replyOf(last));
+    renderPlot();
+    renderHistory(fresh);
+  }
+
+  function fmt(x) {
+    if (typeof x !== "number") return String(x);
+    return Number.isInteger(x) ? String(x) : String(Math.round(x * 10000) / 10000);
+  }
+
+  function valueCell(v) {
+    if (v === null || v === undefined) return el("span", { class: "null", text: "null" });
+    if (v === "") return el("span", { class: "null", text: "(empty)" });
+    if (typeof v === "string") return v.includes("\n") || v.length > 80 ? el("pre", { class: "code", text: v }) : el("pre", { text: v });
+    if (typeof v === "object") return el("pre", { class: "code", text: JSON.stringify(v, null, 2) });
+    return el("span", { text: fmt(v) });
+  }
+
+  function renderObservation(last) {
+    const box = $("#observation");
+    if (!last) return box.replaceChildren(el("p", { class: "muted" }, "No episode yet: press ", el("b", { text: "Reset" }), " to start one."));
+    const rows = Object.entries(last.observation || {}).map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, valueCell(v))));
+    if (last.metadata && Object.keys(last.metadata).length)
+      rows.push(el("tr", {}, el("th", { text: "metadata" }), el("td", {}, valueCell(last.metadata))));
+    if (!rows.length) rows.push(el("tr", {}, el("td", { class: "muted", text: "(no fields)" })));
+    box.replaceChildren(el("table", { class: "kv" }, el("tbody", {}, ...rows)));
+  }
+
+  function renderPlot() {
+    const steps = ui.history.filter((e) => e.kind === "step" && typeof e.reward === "number").reverse();
+    const box = $("#plot");
+    if (!steps.length) return box.replaceChildren(el("p", { class: "muted", text: "Rewards appear here as you step." }));
+    const W = Math.max(240, box.clientWidth || 600), H = 120, L = 40, R = 8, T = 10, B = 18;
+    const ys = steps.map((e) => e.reward), lo = Math.min(0, ...ys), hi = Math.max(0, ...ys), span = hi - lo || 1;
+    const x = (i) => L + (steps.length === 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (steps.length - 1));
+    const y = (v) => T + (H - T - B) * (1 - (v - lo) / span);
+    const NS = "http://www.w3.org/2000/svg";
+    const s = (tag, attrs, text) => { const e = document.createElementNS(NS, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== undefined) e.textContent = text; return e; };
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "reward per step" });
+    svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: y(0), y2: y(0) }));
+    svg.append(s("text", { x: 2, y: T + 8 }, fmt(hi)), s("text", { x: 2, y: H - B }, fmt(lo)));
+    svg.append(s("text", { x: steps.length === 1 ? x(0) : L, y: H - 4, "text-anchor": steps.length === 1 ? "middle" : "start" }, `step ${steps[0].step ?? 1}`));
+    if (steps.length > 1) svg.append(s("text", { x: W - R, y: H - 4, "text-anchor": "end" }, `step ${steps[steps.length - 1].step ?? steps.length}`));
+    svg.append(s("polyline", { class: "line", points: steps.map((e, i) => `${x(i)},${y(e.reward)}`).join(" "), }));
+    if (steps.length <= 60) steps.forEach((e, i) => svg.append(s("circle", { class: "dot", cx: x(i), cy: y(e.reward), r: 2.5 })));
+    box.replaceChildren(svg);
+  }
+
+  function brief(v) {
+    if (v === null || v === undefined) return "";
+    const t = (typeof v === "string" ? v : JSON.stringify(v)).replace(/\r?\n/g, " ⏎ ");
+    return t.length > 160 ? t.slice(0, 157) + "…" : t;
+  }
+
+  function describe(obj) {
+    const entries = Object.entries(obj || {});
+    if (entries.length === 1) return brief(entries[0][1]);
+    return entries.map(([k, v]) => `${k}=${brief(v)}`).join(" ");
+  }
+
+  function renderHistory(fresh) {
+    const body = $("#history tbody");
+    body.replaceChildren(...ui.history.map((e, i) => {
+      const action = e.kind === "reset" ? `reset ${describe(e.action)}`.trim() : describe(e.action);
+      const obs = describe(e.observation);
+      return el("tr", { class: [e.kind, fresh && i === 0 ? "fresh" : ""].join(" ").trim(), "data-n": e.n },
+        el("td", { text: e.kind === "reset" ? "↺" : String(e.step ?? "") }), el("td", { text: action, title: action }),
+        el("td", { text: obs, title: obs }), el("td", { class: "num", text: e.reward === null || e.reward === undefined ? "" : fmt(e.reward) }),
+        el("td", { text: e.done ? "yes" : "" }));
+    }));
+    $("#history-count").textContent = ui.history.length ? `(${ui.history.length}, newest first)` : "";
+  }
+
+  function showState(data) {
+    $("#state-card").hidden = false;
+    $("#state-view").textContent = JSON.stringify(data, null, 2);
+  }
+
+  // ---- buttons ----
+  $("#action-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const [action, errors] = collect(ui.fields, "field-");
+    if (Object.keys(errors).length) return;   // shown beside the fields; nothing is sent
+    send("step", action);
+  });
+  $("#reset").addEventListener("click", () => {
+    const [data, errors] = collect(ui.resetFields, "reset-");
+    if (Object.keys(errors).length) { $("#reset-options").open = true; return; }
+    send("reset", data);
+  });
+  $("#state").addEventListener("click", () => send("state"));
+  let resizing;
+  window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(renderPlot, 100); });
+  document.addEventListener("keydown", (ev) => {
+    if ((ev.ctrlKey || ev.metaKey) && ev.key === "Enter") { ev.preventDefault(); $("#action-form").requestSubmit(); }
+  });
+
+  connect();
+})();

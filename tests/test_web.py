@@ -1,0 +1,309 @@
+"""The web interface in a real browser: Debian's Chromium, driven by Playwright for Python.
+
+Skipped when Chromium or Playwright is missing, failed instead when OPENENV_REQUIRE names `browser`.
+Screenshots go to artifacts/ (git-ignored), for a person to look at.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from enum import Enum
+from typing import Literal
+
+import pytest
+import uvicorn
+from pydantic import Field, field_validator
+
+from conftest import ROOT, need, start_server
+from openenv_nb.client import GenericEnvClient
+from openenv_nb.environment import Environment
+from openenv_nb.server import bind, create_app
+from openenv_nb.types import Action, Observation, State
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("OPENENV_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = ROOT / "artifacts"
+HAS_CODING = importlib.util.find_spec("openenv_nb.envs.coding") is not None
+
+
+# ---- an environment with one field of each kind ----
+class Colour(str, Enum):
+    red = "red"
+    green = "green"
+
+
+class Knobs(Action):
+    """One field of each kind a form can hold."""
+    message: str = Field(description="Text to send")
+    count: int = Field(3, ge=0, le=10, description="How many times")
+    scale: float = Field(1.0, gt=0)
+    loud: bool = False
+    mode: Literal["plain", "fancy"] = "plain"
+    colour: Colour | None = None
+    code: str = ""
+    tags: list[str] = []
+
+    @field_validator("message")
+    @classmethod
+    def not_forbidden(cls, v):
+        if v == "forbidden": raise ValueError("that word is not allowed")
+        return v
+
+
+class Dial(Observation):
+    text: str = ""
+
+
+class KnobsEnv(Environment[Knobs, Dial, State]):
+    """Repeats the message `count` times; the reward is `count * scale`."""
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def __init__(self): super().__init__(); self._state = State()
+    def reset(self, seed=None, episode_id=None, **kw):
+        self._state = State(episode_id=episode_id or "knobs-1", step_count=0)
+        return Dial(text="ready", reward=0.0)
+    def step(self, action, timeout_s=None, **kw):
+        if action.message == "boom": raise RuntimeError("the environment blew up")
+        self._state.step_count += 1
+        text = " ".join([action.message.upper() if action.loud else action.message] * action.count)
+        return Dial(text=text, reward=action.count * action.scale, done=action.count == 0)
+    @property
+    def state(self): return self._state
+
+
+# ---- fixtures ----
+@contextmanager
+def in_thread(app):
+    """Serve `app` with uvicorn in a thread of this process; its base URL."""
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline: time.sleep(0.01)
+    try: yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try: from playwright.sync_api import sync_playwright
+    except ImportError: sync_playwright = None
+    need("browser", sync_playwright is not None and os.path.exists(CHROMIUM),
+         f"needs Playwright for Python (pip install playwright) and Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def echo_web(browser):
+    """An echo server started by `openenv serve echo --web`, in a subprocess."""
+    p = start_server("echo", "--web")
+    yield p.base_url
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def knobs_web(browser):
+    with in_thread(create_app(KnobsEnv, web=True)) as url: yield url
+
+
+@pytest.fixture
+def open_page(browser):
+    """Factory: `open_page(url)` gives a page on `url/web`, connected; every page is closed after the test."""
+    from playwright.sync_api import expect
+    ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+    errors = []
+    def make(url, sent=None):
+        page = ctx.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        if sent is not None:  # record the frames the page sends on its sockets
+            page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(json.loads(payload))))
+        page.goto(url + "/web")
+        expect(page.locator("#status")).to_have_text("live")
+        return page
+    yield make
+    ctx.close()
+    assert not errors, f"the page's script failed: {errors}"
+
+
+def shot(page, name: str):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+# ---- the echo environment ----
+def test_step_shows_observation_and_history(open_page, echo_web):
+    from playwright.sync_api import expect
+    page = open_page(echo_web)
+    expect(page.locator("#env-name")).to_have_text("EchoEnvironment")
+    page.click("#reset")
+    expect(page.locator("#observation")).to_contain_text("Echo environment ready!")
+    expect(page.locator("#stat-step")).to_have_text("0")
+    page.fill("#field-message", "hello")
+    page.click("#step")
+    expect(page.locator("#observation")).to_contain_text("hello")
+    expect(page.locator("#stat-reward")).to_have_text("0.5")
+    expect(page.locator("#stat-step")).to_have_text("1")
+    expect(page.locator("#stat-done")).to_have_text("no")
+    rows = page.locator("#history tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("hello")
+    expect(rows.nth(1)).to_contain_text("reset")
+    page.fill("#field-message", "enter works")
+    page.press("#field-message", "Enter")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0).locator("td").nth(3)).to_have_text("1.1")
+    page.click("#raw summary")
+    raw = json.loads(page.locator("#raw-json").text_content())
+    assert raw["type"] == "observation" and raw["data"]["observation"] == {"echoed_message": "enter works", "message_length": 11}
+    assert raw["data"]["metadata"] == {"original_message": "enter works", "step": 2}
+    page.click("#state")
+    expect(page.locator("#state-view")).to_contain_text('"step_count": 2')
+    expect(page.locator("#plot svg circle")).to_have_count(2)
+    shot(page, "web-echo.png")
+
+
+def test_two_pages_both_update(open_page, echo_web):
+    from playwright.sync_api import expect
+    a, b = open_page(echo_web), open_page(echo_web)
+    expect(a.locator("#pages")).to_have_text("2 pages open")
+    a.click("#reset")
+    a.fill("#field-message", "from page A")
+    a.click("#step")
+    for page in (a, b):
+        expect(page.locator("#observation")).to_contain_text("from page A")
+        expect(page.locator("#history tbody tr").nth(0)).to_contain_text("from page A")
+    b.fill("#field-message", "and from B")
+    b.click("#step")
+    expect(a.locator("#history tbody tr").nth(0)).to_contain_text("and from B")
+    expect(a.locator("#history tbody tr")).to_have_count(3)
+    expect(a.locator("#stat-step")).to_have_text("2")
+    b.close()
+    expect(a.locator("#pages")).to_have_text("1 page open")
+    c = open_page(echo_web)  # a page opened later gets the history so far
+    expect(c.locator("#history tbody tr")).to_have_count(3)
+    expect(c.locator("#observation")).to_contain_text("and from B")
+
+
+def test_page_never_touches_other_sessions(open_page, echo_web):
+    from playwright.sync_api import expect
+    with GenericEnvClient(echo_web).sync() as trainer:
+        trainer.reset(episode_id="trainer")
+        trainer.step({"message": "mine"})
+        page = open_page(echo_web)
+        page.click("#reset")
+        for _ in range(3):
+            page.click("#step")
+        expect(page.locator("#stat-step")).to_have_text("3")
+        assert trainer.state() == {"episode_id": "trainer", "step_count": 1}
+        assert page.locator("#stat-episode").text_content() != "trainer"
+
+
+# ---- every kind of field ----
+def test_form_follows_the_schema(open_page, knobs_web):
+    from playwright.sync_api import expect
+    page = open_page(knobs_web)
+    assert page.locator("#field-loud").get_attribute("type") == "checkbox"
+    expect(page.locator("#field-mode option")).to_have_text(["plain", "fancy"])
+    expect(page.locator("#field-colour option")).to_have_text(["—", "red", "green"])
+    assert page.eval_on_selector("#field-code", "e => e.tagName + '.' + e.className") == "TEXTAREA.code"
+    assert page.eval_on_selector("#field-tags", "e => e.tagName") == "TEXTAREA"
+    expect(page.locator("[data-field=message] .req")).to_have_count(1)
+    expect(page.locator("[data-field=count] .req")).to_have_count(0)
+    expect(page.locator("[data-field=count] .hint")).to_have_text("How many times · ≥ 0, ≤ 10")
+    assert page.input_value("#field-count") == "3"
+    page.click("#reset")
+    page.fill("#field-message", "hi")
+    page.fill("#field-count", "2")
+    page.fill("#field-scale", "1.5")
+    page.check("#field-loud")
+    page.select_option("#field-mode", label="fancy")
+    page.select_option("#field-colour", label="green")
+    page.fill("#field-tags", '["x", "y"]')
+    page.click("#step")
+    expect(page.locator("#observation")).to_contain_text("HI HI")
+    expect(page.locator("#stat-reward")).to_have_text("3")
+    action = page.locator("#history tbody tr").nth(0).locator("td").nth(1).get_attribute("title")
+    for part in ("message=hi", "count=2", "scale=1.5", "loud=true", "mode=fancy", "colour=green", 'tags=["x","y"]'):
+        assert part in action, (part, action)
+    shot(page, "web-knobs.png")
+
+
+def test_invalid_values_are_shown_and_not_sent(open_page, knobs_web):
+    from playwright.sync_api import expect
+    sent = []
+    page = open_page(knobs_web, sent)
+    page.click("#reset")
+    expect(page.locator("#history tbody tr")).to_have_count(1)
+    page.fill("#field-message", "hi")
+    for field, value, msg in [("count", "abc", "Must be a whole number"), ("count", "11", "Must be at most 10"),
+                              ("scale", "0", "Must be more than 0"), ("tags", "[oops", "Not valid JSON")]:
+        page.fill(f"#field-{field}", value)
+        page.click("#step")
+        expect(page.locator(f"#error-field-{field}")).to_have_text(msg)
+        assert page.get_attribute(f"#field-{field}", "aria-invalid") == "true"
+        page.fill(f"#field-{field}", "")  # typing clears the error
+        expect(page.locator(f"#error-field-{field}")).to_have_text("")
+        page.fill(f"#field-{field}", value)
+    page.click("#step")
+    for field in ("count", "scale", "tags"): expect(page.locator(f"#error-field-{field}")).not_to_have_text("")
+    shot(page, "web-field-errors.png")
+    time.sleep(0.3)
+    assert [f["type"] for f in sent] == ["reset"], sent  # no step was sent
+    expect(page.locator("#history tbody tr")).to_have_count(1)
+    page.click("#reset-options summary")
+    page.fill("#reset-seed", "-1")
+    page.click("#reset")
+    expect(page.locator("#error-reset-seed")).to_have_text("Must be at least 0")
+    assert [f["type"] for f in sent] == ["reset"], sent
+    for field, value in [("count", "4"), ("scale", "0.5"), ("tags", "[]")]: page.fill(f"#field-{field}", value)
+    page.click("#step")
+    expect(page.locator("#observation")).to_contain_text("hi hi hi hi")
+    assert [f["type"] for f in sent] == ["reset", "step"]
+    assert sent[-1]["data"] == {"message": "hi", "count": 4, "scale": 0.5, "loud": False, "mode": "plain", "tags": []}
+
+
+def test_server_errors_are_shown(open_page, knobs_web):
+    from playwright.sync_api import expect
+    page = open_page(knobs_web)
+    page.click("#reset")
+    page.fill("#field-message", "forbidden")  # passes the page's checks, fails the server's
+    page.click("#step")
+    expect(page.locator("#error-field-message")).to_contain_text("that word is not allowed")
+    page.fill("#field-message", "boom")
+    page.click("#step")
+    expect(page.locator("#message")).to_contain_text("EXECUTION_ERROR: RuntimeError: the environment blew up")
+    page.fill("#field-message", "fine")
+    page.click("#step")
+    expect(page.locator("#message")).to_be_hidden()
+    expect(page.locator("#observation")).to_contain_text("fine fine fine")
+
+
+# ---- the coding environment, once it exists ----
+@pytest.mark.skipif(not HAS_CODING, reason="openenv_nb.envs.coding is not built yet")
+def test_coding_env(open_page, server):
+    from playwright.sync_api import expect
+    url = server("coding", "--web", max_sessions=1)
+    page = open_page(url)
+    assert page.eval_on_selector("#field-code", "e => e.tagName + '.' + e.className") == "TEXTAREA.code"
+    page.click("#reset")
+    expect(page.locator("#history tbody tr")).to_have_count(1, timeout=30_000)  # the first call makes the environment
+    page.fill("#field-code", "x = 6 * 7\nprint(x)")
+    page.click("#step")
+    expect(page.locator("#observation")).to_contain_text("42", timeout=30_000)
+    expect(page.locator("#history tbody tr")).to_have_count(2)
+    page.fill("#field-code", "raise ValueError('nope')")
+    page.click("#step")
+    expect(page.locator("#history tbody tr")).to_have_count(3, timeout=30_000)
+    expect(page.locator("#observation")).to_contain_text("nope")
+    shot(page, "web-coding.png")
