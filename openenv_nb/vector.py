@@ -57,14 +57,14 @@ class VectorResult(Generic[ObsT]):
         for i, e in zip(self.envs, self.errors):
             if e is not None: raise e
 
-# %% ../nbs/09_vector.ipynb #ec110009
+# %% ../nbs/09_vector.ipynb #fd33b29d
 ActT, StateT = TypeVar("ActT"), TypeVar("StateT")
 
 class VectorEnv(Generic[ActT, ObsT, StateT]):
     "`num_envs` environments spread over one or more servers, stepped in batches."
     default_target: str | None = None
 
-    def __init__(self, urls: str | Sequence[str] | None = None, # server base URLs; environments are spread evenly
+    def __init__(self, urls = None, # server base URLs (environments are spread evenly), or an object whose `urls` list is read again on reconnect
                  num_envs: int = 1, # how many environments
                  auto_reset: bool = False, # reset a finished environment on its next step (Gymnasium's next-step mode)
                  message_timeout_s: float = 60.0, # limit on each batch reply
@@ -72,7 +72,8 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
                  providers: Sequence = (), # providers whose servers to start on `connect` (and stop on `close`)
                 ):
         if num_envs < 1: raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        self.urls = [urls] if isinstance(urls, str) else list(urls or [])
+        self._source = urls if hasattr(urls, "urls") else None
+        self._urls = [] if self._source else [urls] if isinstance(urls, str) else list(urls or [])
         if not self.urls and not providers: raise ValueError("VectorEnv needs urls or providers")
         self.num_envs, self.auto_reset, self.providers = num_envs, auto_reset, list(providers)
         self._timeouts = dict(message_timeout_s=message_timeout_s, connect_timeout_s=connect_timeout_s)
@@ -80,6 +81,11 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
         self._links: list[_Link] = []
         self._where: list[tuple[int, int]] = []  # environment index -> (link, environment id there)
         self._needs_reset = [False] * num_envs
+
+    @property
+    def urls(self) -> list[str]:
+        "The servers' base URLs, as the URL source says now."
+        return list(self._source.urls) if self._source is not None else self._urls
 
     def __len__(self): return self.num_envs
     def __repr__(self): return f"{type(self).__name__}({self.urls!r}, num_envs={self.num_envs})"
@@ -89,16 +95,15 @@ def spread(n: int, k: int) -> list[int]:
     "How many of `n` environments each of `k` servers holds."
     return [n // k + (i < n % k) for i in range(k)]
 
-# %% ../nbs/09_vector.ipynb #4601095f
+# %% ../nbs/09_vector.ipynb #a2ce06ef
 async def connect(self) -> "VectorEnv":
     "Start the providers' servers, connect to every server and open the environments."
     if self._links: return self
     adopt_types(self)
     if self.providers:
         loop = asyncio.get_running_loop()
-        self.urls = list(await asyncio.gather(*[loop.run_in_executor(None, p.start) for p in self.providers]))
-    links = [_Link(u, **self._timeouts) for u in self.urls]
-    for l in links: l.action_type, l.observation_type, l.state_type = self.action_type, self.observation_type, self.state_type
+        self._urls = list(await asyncio.gather(*[loop.run_in_executor(None, p.start) for p in self.providers]))
+    links = [self._link(u) for u in self.urls]
     counts = spread(self.num_envs, len(links))
     try: ids = await asyncio.gather(*[l.open(c) for l, c in zip(links, counts)])
     except BaseException:
@@ -108,7 +113,13 @@ async def connect(self) -> "VectorEnv":
     self._where = [(k, i) for k, group in enumerate(ids) for i in group]
     return self
 
-VectorEnv.connect = connect
+def _link(self, url: str) -> _Link:
+    "A link to `url`, typed with this vector's classes."
+    l = _Link(url, **self._timeouts)
+    l.action_type, l.observation_type, l.state_type = self.action_type, self.observation_type, self.state_type
+    return l
+
+VectorEnv.connect, VectorEnv._link = connect, _link
 
 # %% ../nbs/09_vector.ipynb #a8b970c2
 async def _send(self, ops: list[tuple[int, dict]]) -> list[dict | Exception]:
@@ -159,7 +170,7 @@ def _seeds(seed, n: int) -> list:
 
 VectorEnv._which = _which
 
-# %% ../nbs/09_vector.ipynb #5ea08b7f
+# %% ../nbs/09_vector.ipynb #26c40605
 async def reset(self, seed: int | Sequence[int] | None = None, # an int (environment `i` gets `seed + i`) or one per environment
                 envs: Sequence[int] | None = None, # which environments (default: all)
                 **kwargs # passed to every environment's `reset`
@@ -182,6 +193,8 @@ async def _reopen(self, links: set[int]) -> dict[int, Exception]:
     async def again(k):
         link = self._links[k]
         if link._ws is not None: return None
+        url = self.urls[k]
+        if url != link.base_url: link = self._links[k] = self._link(url)  # the server moved (e.g. restarted elsewhere)
         mine = [n for n, (kk, _) in enumerate(self._where) if kk == k]
         try: ids = await link.open(len(mine))
         except (EnvConnectionError, EnvServerError, TimeoutError, OpenEnvError) as e: return e
@@ -266,7 +279,7 @@ class SyncVectorEnv:
 
 VectorEnv.sync = lambda self: SyncVectorEnv(self)
 
-# %% ../nbs/09_vector.ipynb #7b7280b4
+# %% ../nbs/09_vector.ipynb #07f4405f
 @dataclass
 class Trajectory(Generic[ObsT]):
     "One environment's episode: the first observation, then one entry per step."
@@ -292,7 +305,7 @@ class Rollout:
     @property
     def total_rewards(self) -> list[float]: return [t.total_reward for t in self.trajectories]
 
-# %% ../nbs/09_vector.ipynb #467f4077
+# %% ../nbs/09_vector.ipynb #6d33b80a
 async def rollout(self, policy: Callable, # observations of the running environments -> their actions
                   max_steps: int, # most steps per environment
                   seed: int | Sequence[int] | None = None, # as for `reset`
