@@ -7,11 +7,12 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/echo.html.md"""
 # %% auto #0
 __all__ = ['EchoAction', 'EchoObservation', 'EchoEnvironment', 'EchoEnv', 'EchoHTTPEnv']
 
-# %% ../../nbs/envs/echo.ipynb #b7c1878e
+# %% ../../nbs/envs/echo.ipynb #ac0c8ce1
 from uuid import uuid4
 
 from pydantic import Field
 
+from fastcore.basics import patch
 from ..client import EnvClient, HTTPEnvClient
 from ..environment import Environment
 from ..types import Action, Observation, State
@@ -48,14 +49,14 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
     @property
     def state(self) -> State: return self._state
 
-# %% ../../nbs/envs/echo.ipynb #eef5d658
-async def _reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> EchoObservation:
+# %% ../../nbs/envs/echo.ipynb #cf45998d
+@patch
+async def reset_async(self: EchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> EchoObservation:
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
-async def _step_async(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
+@patch
+async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
     return self.step(action, timeout_s=timeout_s, **kwargs)
-
-EchoEnvironment.reset_async, EchoEnvironment.step_async = _reset_async, _step_async
 
 # %% ../../nbs/envs/echo.ipynb #813e0c59
 class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
