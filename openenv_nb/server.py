@@ -54,7 +54,7 @@ def accepted(fn: Callable, # a method
     names, var_kw = _params(getattr(fn, "__func__", fn))
     return kwargs if var_kw else {k: v for k, v in kwargs.items() if k in names}
 
-# %% ../nbs/02_server.ipynb #ecc5c381
+# %% ../nbs/02_server.ipynb #91b320e1
 async def call_env(env: Environment, # the session's environment
                    name: str, # `"reset"` or `"step"`
                    pool: ThreadPoolExecutor, # where blocking methods run
@@ -62,9 +62,11 @@ async def call_env(env: Environment, # the session's environment
     "Call `env.name` (or its async twin) with the keyword arguments it accepts."
     if overrides(env, name + "_async"):
         fn = getattr(env, name + "_async")
-        return await fn(*args, **accepted(fn, kwargs))
+        return await fn(*args, **accepted(fn, kwargs)) if kwargs else await fn(*args)
     fn = getattr(env, name)
-    return await asyncio.get_running_loop().run_in_executor(pool, partial(fn, *args, **accepted(fn, kwargs)))
+    if kwargs: fn = partial(fn, *args, **accepted(fn, kwargs))
+    elif args: fn = partial(fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn)
 
 # %% ../nbs/02_server.ipynb #1443ec31
 EXTENSIONS = ("request-id", "metadata", "idle-timeout", "health-capacity", "batch")
@@ -217,7 +219,7 @@ class Session:
             return {"type": "observation", "data": to_envelope(await call_env(env, "reset", hub.pool, **kw), self.metadata)}
         return {"type": "state", "data": env.state.model_dump(mode="json")}
 
-# %% ../nbs/02_server.ipynb #fd6d029b
+# %% ../nbs/02_server.ipynb #c68e77f9
 @patch_to(Session)
 async def act(self, m: BaseModel) -> dict | None:
     "The reply to the typed message `m`; `None` for `close`."
@@ -238,7 +240,7 @@ async def handle(self, text: str | None # the frame's text; `None` for a binary 
                            f"{self.hub.max_message_size}", errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
     m, rid = decode(text, self.kinds)
     if isinstance(m, BaseModel):
-        try: m = await self.act(m)
+        try: m = await (self.act_on(self.env, "step", m.data) if type(m) is StepMsg and self.env is not None else self.act(m))
         except (Exception, SystemExit) as e:
             log.warning("%s raised in a session", type(self.env).__name__, exc_info=True)
             m = _raised(e)
