@@ -159,7 +159,7 @@ def test_sixteen_sessions_at_once_keep_their_own_variables(url):
 # ---------------------------------------------------------------- hostile code: each ends within its limit, clearly
 
 HOSTILE = [  # name, code, exit code, limit, words in stderr (or stdout for the print)
-    ("infinite loop", "while True: pass", 124, "timeout", "wall-clock limit of 3 s"),
+    ("infinite loop", "while True: x = sum(range(10**4))", 124, "timeout", "wall-clock limit of 3 s"),
     ("spin in C", "sum(range(10**12))", 124, "timeout", "wall-clock limit of 3 s"),
     ("deep recursion", "def f(n): return f(n + 1)\nf(0)", 1, None, "RecursionError"),
     ("10 GB allocation", "x = 'x' * (10 * 2**30)", 1, "memory", "MemoryError"),
@@ -191,6 +191,15 @@ def test_hostile_code_ends_within_its_limit_with_a_clear_error(url, name, code, 
     assert says in (obs["stdout"] if exit_code == 0 else obs["stderr"]), obs
     assert len(obs["stdout"]) < LIMITS["max_output"] + 200 and len(obs["stderr"]) < LIMITS["max_output"] + 1000
     assert took < LIMITS["timeout_s"] + SLACK
+    health(url)
+
+
+def test_a_tight_infinite_loop_ends_by_whichever_limit_comes_first(url):
+    """`while True: pass` meets the interpreter's iteration cap or the wall clock first, by machine speed: both are clear."""
+    [r] = run(url, "while True: pass")
+    obs, meta = r["observation"], r["metadata"]
+    if obs["exit_code"] == 124: assert meta.get("limit") == "timeout" and "wall-clock limit" in obs["stderr"], obs
+    else: assert obs["exit_code"] == 1 and "iterations in While loop exceeded" in obs["stderr"] and not meta.get("state_lost"), obs
     health(url)
 
 
