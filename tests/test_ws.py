@@ -133,7 +133,9 @@ def test_an_environment_that_raises_fails_only_its_own_session(server):
 
 def test_a_factory_that_fails_gives_factory_error(server):
     url = server("helpers:broken_factory", max_sessions=1)
-    err = asyncio.run(raw(url, {"type": "reset"}))[0]
+    async def first_frame():  # sent unasked, then the server closes: read it without sending first
+        async with connect(ws_url(url)) as ws: return json.loads(await ws.recv())
+    err = asyncio.run(first_frame())
     assert err["data"]["code"] == "FACTORY_ERROR" and "no such resource" in err["data"]["message"]
     assert health(url)["active_sessions"] == 0
     r = requests.post(url + "/reset")
