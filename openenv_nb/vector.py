@@ -121,7 +121,13 @@ def _link(self: VectorEnv, url: str) -> _Link:
     l.action_type, l.observation_type, l.state_type = self.action_type, self.observation_type, self.state_type
     return l
 
-# %% ../nbs/09_vector.ipynb #83cf7f7f
+# %% ../nbs/09_vector.ipynb #2a60a700
+def _episode_lost(i: int, e: EnvConnectionError) -> EnvConnectionError:
+    "The error of environment `i` whose connection was lost: it names the environment and says the episode is gone."
+    err = EnvConnectionError(f"Environment {i} lost its episode: {e}")
+    err.__cause__ = e
+    return err
+
 @patch
 async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exception]:
     "Results of `(env index, op)` pairs: a frame per op, or the exception that lost it."
@@ -130,7 +136,8 @@ async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exc
     out: list = [None] * len(ops)
     async def run(k, ns):
         try: res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]} for n in ns])
-        except (EnvConnectionError, TimeoutError, EnvServerError) as e: res = [e] * len(ns)
+        except EnvConnectionError as e: res = [_episode_lost(ops[n][0], e) for n in ns]
+        except (TimeoutError, EnvServerError) as e: res = [e] * len(ns)
         for n, r in zip(ns, res): out[n] = r
     await asyncio.gather(*[run(k, ns) for k, ns in by_link.items()])
     return out
