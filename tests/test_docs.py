@@ -1,0 +1,84 @@
+"""The docs site, checked without Quarto: every notebook processes, renders to HTML, and the pages hold together."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import need
+
+ROOT = Path(__file__).parent.parent
+NBS = ROOT / "nbs"
+CHROMIUM = os.environ.get("OPENENV_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """`nbdev-proc-nbs` on a copy of the project, then every processed notebook rendered to HTML by nbconvert."""
+    work = tmp_path_factory.mktemp("docs")
+    for name in ("nbs", "openenv_nb"): shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("_proc", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    r = subprocess.run(["nbdev-proc-nbs"], cwd=work, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    proc, out = work / "_proc", work / "preview"
+    pages = sorted(p for p in proc.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    for nb in pages:
+        dest = out / nb.relative_to(proc).parent
+        dest.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(dest), str(nb)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{nb.name}: {r.stderr[-2000:]}"
+    for html in out.rglob("*.html"):  # links between notebooks point at their pages
+        html.write_text(re.sub(r'href="([^"#:]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html.read_text()))
+    return {"proc": proc, "out": out, "pages": pages}
+
+
+def test_every_notebook_processes_and_renders(site):
+    sources = sorted(p.relative_to(NBS) for p in NBS.rglob("*.ipynb") if not any(s.startswith((".", "_")) for s in p.relative_to(NBS).parts))
+    assert sorted(p.relative_to(site["proc"]) for p in site["pages"]) == sources
+    assert all((site["out"] / p.with_suffix(".html")).exists() for p in sources)
+
+
+def test_no_error_outputs(site):
+    bad = []
+    for nb in site["pages"]:
+        for c in json.loads(nb.read_text())["cells"]:
+            bad += [f"{nb.name}: {o.get('ename')}: {o.get('evalue')}" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not bad, bad
+
+
+def test_api_pages_document_every_public_name(site):
+    for mod in ["types", "environment", "server", "client", "providers", "vector"]:
+        nb = next(p for p in site["pages"] if p.name.endswith(f"_{mod}.ipynb"))
+        text = nb.read_text()
+        names = __import__(f"openenv_nb.{mod}", fromlist=["__all__"]).__all__
+        missing = [n for n in names if not n.startswith(("ActT", "ObsT", "StateT")) and f"### {n}" not in text and f"## {n}" not in text
+                   and f"{n}" not in text]
+        assert not missing, (mod, missing)
+
+
+def test_pages_in_a_browser(site):
+    try: from playwright.sync_api import sync_playwright
+    except ImportError: sync_playwright = None
+    need("browser", sync_playwright is not None and os.path.exists(CHROMIUM), f"needs playwright and Chromium at {CHROMIUM}")
+    out = site["out"]
+    broken = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        for html in sorted(out.rglob("*.html")):
+            page.goto(html.as_uri())
+            assert page.title() or page.locator("h1").count(), html
+            for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))"):
+                if re.match(r"^[a-z]+:|^#|^$", href): continue  # external, anchor, or empty
+                target = (html.parent / href.split("#")[0]).resolve()
+                if not target.exists(): broken.append(f"{html.relative_to(out)} -> {href}")
+        page.goto((out / "index.html").as_uri())
+        (ROOT / "artifacts").mkdir(exist_ok=True)
+        page.screenshot(path=str(ROOT / "artifacts" / "docs-index.png"), full_page=True)
+        browser.close()
+    assert not broken, broken
