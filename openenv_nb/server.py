@@ -119,22 +119,26 @@ class Hub:
     def health(self) -> dict:
         return {"status": "healthy", "active_sessions": self.active, "max_sessions": self.max_sessions}
 
-# %% ../nbs/02_server.ipynb #173fa06f
+# %% ../nbs/02_server.ipynb #c7d4ede6
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 class ResetMsg(_Msg):
+    "Start a new episode; `data` holds the reset's arguments."
     type: Literal["reset"]
     data: dict[str, Any] = Field(default_factory=dict)
 
 class StepMsg(_Msg):
+    "Apply an action; `data` holds its fields."
     type: Literal["step"]
     data: dict[str, Any]
 
 class StateMsg(_Msg):
+    "Ask for the episode's state."
     type: Literal["state"]
 
 class CloseMsg(_Msg):
+    "End the session; no reply."
     type: Literal["close"]
 
 MESSAGES = {"reset": ResetMsg, "step": StepMsg, "state": StateMsg, "close": CloseMsg}
@@ -143,10 +147,11 @@ def _errors(e: ValidationError) -> list:
     "A `ValidationError`'s list, safe to put in JSON."
     return json.loads(e.json(include_url=False))
 
-# %% ../nbs/02_server.ipynb #cd6b98f5
+# %% ../nbs/02_server.ipynb #3c4ae011
 MAX_BATCH = 4096
 
 class Op(_Msg):
+    "One reset, step or state of one environment inside a `batch` message."
     env: int = Field(ge=0, description="An environment id from `batch.opened`")
     type: Literal["reset", "step", "state"]
     data: dict[str, Any] = Field(default_factory=dict)
@@ -156,14 +161,17 @@ class _OpsData(_Msg): ops: list[Op] = Field(max_length=MAX_BATCH)
 class _EnvsData(_Msg): envs: list[int] = Field(max_length=MAX_BATCH)
 
 class BatchOpenMsg(_Msg):
+    "Open `count` environments on this connection."
     type: Literal["batch.open"]
     data: _OpenData
 
 class BatchMsg(_Msg):
+    "Run `ops` on this connection's environments; one result per op, in order."
     type: Literal["batch"]
     data: _OpsData
 
 class BatchCloseMsg(_Msg):
+    "Close some of this connection's environments."
     type: Literal["batch.close"]
     data: _EnvsData
 
@@ -396,18 +404,21 @@ async def one_shot(hub: Hub, fn: Callable) -> Any:
 
 def _wants_metadata(request: Request) -> bool: return "metadata" in listed(request.headers.get(EXT_HEADER, ""))
 
-# %% ../nbs/02_server.ipynb #c0fcba9f
+# %% ../nbs/02_server.ipynb #746b9e6e
 class Health(BaseModel):
+    "What `/health` answers."
     status: str = Field(description="`healthy` while the server serves")
     active_sessions: int = Field(description="Open WebSocket sessions (`health-capacity` extension)")
     max_sessions: int = Field(description="Sessions the server will hold")
 
 class Schemas(BaseModel):
+    "What `/schema` answers: the JSON schemas of the environment's classes."
     action: dict[str, Any]
     observation: dict[str, Any]
     state: dict[str, Any]
 
 class HTTPError(BaseModel):
+    "The body of a 422 or 500 reply."
     detail: Any = Field(description="A list of validation errors (422), or the code and message of an environment error (500)")
 
 ENVELOPE = dict(response_model=None, responses={200: {"model": Envelope}, 422: {"model": HTTPError}, 500: {"model": HTTPError}})
