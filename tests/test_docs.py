@@ -42,7 +42,7 @@ def site(tmp_path_factory):
         clean = work / "clean" / nb.relative_to(proc)  # nbdev's processor leaves keys (e.g. `has_sd`) that nbformat refuses
         clean.parent.mkdir(parents=True, exist_ok=True)
         d = json.loads(nb.read_text())
-        d["cells"] = [clean_cell(c) for c in d["cells"]]
+        d["cells"] = [clean_cell(c) for c in d["cells"] if c["cell_type"] != "raw"]  # raw cells are Quarto's front matter
         clean.write_text(json.dumps(d))
         r = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(dest), str(clean)],
                            capture_output=True, text=True, timeout=300)
