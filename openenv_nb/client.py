@@ -6,10 +6,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/client.html.md"""
 
 # %% auto #0
 __all__ = ['ActT', 'ObsT', 'StateT', 'EXT_HEADER', 'WANTED', 'SESSION_ENDING', 'ws_url', 'http_url', 'model_args', 'adopt_types',
-           'is_loopback', 'EnvClient', 'connect', 'reset', 'step', 'state', 'disconnect', 'close', 'from_local',
-           'GenericEnvClient', 'run_sync', 'SyncEnvClient', 'sync', 'HTTPEnvClient', 'health', 'metadata', 'schema']
+           'is_loopback', 'EnvClient', 'GenericEnvClient', 'run_sync', 'SyncEnvClient', 'HTTPEnvClient']
 
-# %% ../nbs/03_client.ipynb #7ae87ffd
+# %% ../nbs/03_client.ipynb #fdd158ec
 import asyncio
 import json
 import threading
@@ -18,6 +17,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import requests
+from fastcore.basics import patch
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -89,8 +89,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def __repr__(self): return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
 
-# %% ../nbs/03_client.ipynb #b2e30550
-async def connect(self) -> "EnvClient":
+# %% ../nbs/03_client.ipynb #5f37b707
+@patch
+async def connect(self: EnvClient) -> "EnvClient":
     "Open the session (starting the provider's server first, if any); a no-op when open."
     if self._ws is not None: return self
     adopt_types(self)
@@ -111,33 +112,33 @@ async def connect(self) -> "EnvClient":
     self.extensions = frozenset(e.strip() for e in offered.split(",")) & set(self.wanted)
     return self
 
-async def _stop_provider(self):
+@patch
+async def _stop_provider(self: EnvClient):
     if self._provider is not None:
         await asyncio.get_running_loop().run_in_executor(None, self._provider.stop)
         if getattr(self._provider, "owns_url", True): self.base_url = None
 
-EnvClient.connect, EnvClient._stop_provider = connect, _stop_provider
-
-# %% ../nbs/03_client.ipynb #66f87b50
-def _dropped(self, e: ConnectionClosed, kind: str) -> EnvConnectionError:
+# %% ../nbs/03_client.ipynb #33d3c197
+@patch
+def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EnvConnectionError:
     "The error for a connection that dropped while `kind` was in flight; the session is lost."
-    self._ws = None
+    here, self._ws = self._ws is None, None  # `disconnect` let go of it first: this client cut it
     code = e.rcvd.code if e.rcvd else 1006
-    why = (e.rcvd.reason if e.rcvd else "") or "no close frame: the server went away"
+    why = (e.rcvd.reason if e.rcvd else "") or ("this client closed it" if here else "no close frame: the server went away")
     self._lost = f"connection closed during '{kind}' (code {code}: {why})"
     return EnvConnectionError(f"Connection to {self.url} closed during '{kind}' (code {code}: {why})")
 
-async def _receive(self, rid: int | None) -> dict:
+@patch
+async def _receive(self: EnvClient, rid: int | None) -> dict:
     "The next reply, or the one for request `rid`."
     while True:
         reply = json.loads(await self._ws.recv())
         if rid is None or reply.get("id") == rid: return reply
         if "id" not in reply and reply.get("type") == "error": return reply
 
-EnvClient._dropped, EnvClient._receive = _dropped, _receive
-
-# %% ../nbs/03_client.ipynb #1524af41
-async def _request(self, msg: dict) -> dict:
+# %% ../nbs/03_client.ipynb #4d2dc51e
+@patch
+async def _request(self: EnvClient, msg: dict) -> dict:
     "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`."
     kind = msg["type"]
     async with self._lock:
@@ -165,25 +166,25 @@ async def _request(self, msg: dict) -> dict:
         raise EnvServerError.from_frame(data, self.url)
     return reply.get("data") or {}
 
-EnvClient._request = _request
-
-# %% ../nbs/03_client.ipynb #6be0943d
-async def reset(self, **kwargs) -> StepResult[ObsT]:
+# %% ../nbs/03_client.ipynb #3913e97f
+@patch
+async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
     "Start a new episode (`seed=`, `episode_id=`, or what the environment takes)."
     return self._parse_result(await self._request({"type": "reset", "data": kwargs}))
 
-async def step(self, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
+@patch
+async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
     "Apply `action` (an instance of the action class, or a dict of its fields)."
     return self._parse_result(await self._request({"type": "step", "data": self._step_payload(action)}))
 
-async def state(self) -> StateT:
+@patch
+async def state(self: EnvClient) -> StateT:
     "The episode's state on the server."
     return self._parse_state(await self._request({"type": "state"}))
 
-EnvClient.reset, EnvClient.step, EnvClient.state = reset, step, state
-
-# %% ../nbs/03_client.ipynb #15c7c604
-def _step_payload(self, action) -> dict:
+# %% ../nbs/03_client.ipynb #303008b2
+@patch
+def _step_payload(self: EnvClient, action) -> dict:
     "The wire form of `action`: its fields, checked against the action class when known."
     if isinstance(action, dict) and self.action_type is not None: action = self.action_type.model_validate(action)
     if isinstance(action, BaseModel):
@@ -193,44 +194,50 @@ def _step_payload(self, action) -> dict:
     if isinstance(action, dict): return action
     raise TypeError(f"An action must be a pydantic model or a dict, not {type(action).__name__}")
 
-def _parse_result(self, payload: dict) -> StepResult[ObsT]:
+@patch
+def _parse_result(self: EnvClient, payload: dict) -> StepResult[ObsT]:
     "An envelope as a `StepResult`, typed with the observation class when known."
     return from_envelope(payload, self.observation_type)
 
-def _parse_state(self, payload: dict) -> StateT:
+@patch
+def _parse_state(self: EnvClient, payload: dict) -> StateT:
     "A state reply, typed with the state class (plain `State` when not given)."
     return (self.state_type or State).model_validate(payload)
 
-EnvClient._step_payload, EnvClient._parse_result, EnvClient._parse_state = _step_payload, _parse_result, _parse_state
-
-# %% ../nbs/03_client.ipynb #c3b0c8e2
-async def disconnect(self):
+# %% ../nbs/03_client.ipynb #2d1bd755
+@patch
+async def disconnect(self: EnvClient):
     "Close the session (the server closes its environment); the client can connect again."
     ws, self._ws = self._ws, None
     if ws is None: return
+    if self._lock.locked():  # a call awaits its reply: no orderly close is possible, so cut the connection (the call raises)
+        if ws.transport is not None: ws.transport.abort()
+        return
     try: await ws.send('{"type":"close"}')
     except Exception: pass
     try: await ws.close()
     except Exception: pass
 
-def _abandon(self):
+@patch
+def _abandon(self: EnvClient):
     "Drop the connection at once, without the closing handshake (the server may be busy or gone)."
     ws, self._ws = self._ws, None
     if ws is not None and ws.transport is not None: ws.transport.abort()
 
-async def close(self):
+@patch
+async def close(self: EnvClient):
     "Close the session and stop the provider's server, if the client started one."
     try: await self.disconnect()
     finally: await self._stop_provider()
 
-async def __aenter__(self): return await self.connect()
-async def __aexit__(self, *exc): await self.close()
+@patch
+async def __aenter__(self: EnvClient): return await self.connect()
+@patch
+async def __aexit__(self: EnvClient, *exc): await self.close()
 
-EnvClient._abandon, EnvClient.disconnect, EnvClient.close, EnvClient.__aenter__, EnvClient.__aexit__ = _abandon, disconnect, close, __aenter__, __aexit__
-
-# %% ../nbs/03_client.ipynb #3e9e5138
-@classmethod
-def from_local(cls, target: str | None = None, # `"echo"`, `"module:factory"` or `"module:app"`; defaults to the class's
+# %% ../nbs/03_client.ipynb #be2719c5
+@patch(cls_method=True)
+def from_local(cls: EnvClient, target: str | None = None, # `"echo"`, `"module:factory"` or `"module:app"`; defaults to the class's
                max_sessions: int = 64, # sessions the server will hold
                **kwargs # passed on to the client
               ) -> "EnvClient":
@@ -240,14 +247,30 @@ def from_local(cls, target: str | None = None, # `"echo"`, `"module:factory"` or
     if target is None: raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo' or 'my_pkg.env:MyEnv'")
     return cls(provider=LocalProcessProvider(target, max_sessions=max_sessions), **kwargs)
 
-EnvClient.from_local = from_local
+# %% ../nbs/03_client.ipynb #492c216b
+@patch(cls_method=True)
+def from_docker_image(cls: EnvClient, image: str, # an image built with `openenv build`, e.g. `"openenv-echo"`
+                      **kwargs # `DockerProvider` arguments, then the client's
+                     ) -> "EnvClient":
+    "A client whose server runs in a Docker container of `image`, started on `connect` (or `await`) and removed on `close`."
+    import inspect
+    from openenv_nb.providers import DockerProvider
+    names = set(inspect.signature(DockerProvider).parameters) - {"image", "run_kwargs"}
+    provider = DockerProvider(image, **{k: kwargs.pop(k) for k in list(kwargs) if k in names})
+    return cls(provider=provider, **kwargs)
 
-# %% ../nbs/03_client.ipynb #8e5df289
+# %% ../nbs/03_client.ipynb #f5e63145
+@patch
+def __await__(self: EnvClient):
+    "Awaiting a client connects it and gives it back (as OpenEnv's `await from_docker_image(...)` does)."
+    return self.connect().__await__()
+
+# %% ../nbs/03_client.ipynb #633018ae
 class GenericEnvClient(EnvClient[dict, dict, dict]):
     "An `EnvClient` with dicts in and dicts out."
     def _parse_state(self, payload: dict) -> dict: return payload
 
-# %% ../nbs/03_client.ipynb #9f3eb8bd
+# %% ../nbs/03_client.ipynb #8bfd672c
 class _Loop:
     "One event loop in a daemon thread, started on first use."
     loop, lock = None, threading.Lock()
@@ -268,7 +291,7 @@ def run_sync(coro):
         fut.cancel()
         raise
 
-# %% ../nbs/03_client.ipynb #68af094c
+# %% ../nbs/03_client.ipynb #a41ae60c
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     "Blocking twin of an `EnvClient`: the same calls, without `await`."
     def __init__(self, client: EnvClient): self.async_client = client
@@ -283,13 +306,12 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def __getattr__(self, name): return getattr(self.async_client, name)
     def __repr__(self): return f"{type(self).__name__}({self.async_client!r})"
 
-def sync(self) -> SyncEnvClient:
+@patch
+def sync(self: EnvClient) -> SyncEnvClient:
     "A blocking twin of this client, for scripts and notebooks."
     return SyncEnvClient(self)
 
-EnvClient.sync = sync
-
-# %% ../nbs/03_client.ipynb #2d185498
+# %% ../nbs/03_client.ipynb #4a77f034
 class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
     "Client for a server's HTTP routes."
     def __init__(self, base_url: str, # the server, `http://host:port`
@@ -304,8 +326,9 @@ class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
         self.action_type, self.observation_type = action_type or args[0], observation_type or args[1]
         self.state_type = state_type or args[2]
 
-# %% ../nbs/03_client.ipynb #f1c56ead
-def _call(self, method: str, path: str, body=None) -> Any:
+# %% ../nbs/03_client.ipynb #e8bdf243
+@patch
+def _call(self: HTTPEnvClient, method: str, path: str, body=None) -> Any:
     "One HTTP request; errors name the URL and what the server said."
     url = self.base_url + path
     try: r = self.session.request(method, url, json=body, timeout=self.timeout_s)
@@ -319,21 +342,47 @@ def _call(self, method: str, path: str, body=None) -> Any:
     msg = detail.get("message", detail) if isinstance(detail, dict) else detail
     raise EnvServerError(code, f"{method} {path} failed with {r.status_code}: {msg}", {"detail": detail}, url)
 
-HTTPEnvClient._call = _call
 HTTPEnvClient._step_payload, HTTPEnvClient._parse_state = EnvClient._step_payload, EnvClient._parse_state
 HTTPEnvClient._parse_result = EnvClient._parse_result
 
-# %% ../nbs/03_client.ipynb #64c81220
-def _h_reset(self, **kwargs) -> StepResult: return self._parse_result(self._call("POST", "/reset", kwargs))
-def _h_step(self, action, **kwargs) -> StepResult:
-    return self._parse_result(self._call("POST", "/step", {"action": self._step_payload(action), **kwargs}))
-def _h_state(self): return self._parse_state(self._call("GET", "/state"))
-def health(self) -> dict: return self._call("GET", "/health")
-def metadata(self) -> dict: return self._call("GET", "/metadata")
-def schema(self) -> dict: return self._call("GET", "/schema")
-def _h_close(self): self.session.close()
+# %% ../nbs/03_client.ipynb #b58e5b9c
+@patch
+def reset(self: HTTPEnvClient, **kwargs) -> StepResult:
+    "Reset a fresh environment (`seed=`, `episode_id=`, ...)."
+    return self._parse_result(self._call("POST", "/reset", kwargs))
 
-for f in (health, metadata, schema): setattr(HTTPEnvClient, f.__name__, f)
-HTTPEnvClient.reset, HTTPEnvClient.step, HTTPEnvClient.state, HTTPEnvClient.close = _h_reset, _h_step, _h_state, _h_close
-HTTPEnvClient.__enter__ = lambda self: self
-HTTPEnvClient.__exit__ = lambda self, *exc: self.close()
+@patch
+def step(self: HTTPEnvClient, action, **kwargs) -> StepResult:
+    "Step a fresh environment with `action` (`timeout_s=` and other keys go in the body)."
+    return self._parse_result(self._call("POST", "/step", {"action": self._step_payload(action), **kwargs}))
+
+@patch
+def state(self: HTTPEnvClient):
+    "The state of a fresh environment."
+    return self._parse_state(self._call("GET", "/state"))
+
+# %% ../nbs/03_client.ipynb #83ec9608
+@patch
+def health(self: HTTPEnvClient) -> dict:
+    "`/health`: status and capacity."
+    return self._call("GET", "/health")
+
+@patch
+def metadata(self: HTTPEnvClient) -> dict:
+    "`/metadata`: what the environment says of itself."
+    return self._call("GET", "/metadata")
+
+@patch
+def schema(self: HTTPEnvClient) -> dict:
+    "`/schema`: JSON schemas of the action, observation and state."
+    return self._call("GET", "/schema")
+
+@patch
+def close(self: HTTPEnvClient):
+    "Close the HTTP session."
+    self.session.close()
+
+@patch
+def __enter__(self: HTTPEnvClient): return self
+@patch
+def __exit__(self: HTTPEnvClient, *exc): self.close()

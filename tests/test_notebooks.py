@@ -7,7 +7,7 @@ import pytest
 
 NBS = Path(__file__).parent.parent / "nbs"
 NOTEBOOKS = sorted(p for p in NBS.rglob("*.ipynb") if not any(part.startswith((".", "_")) for part in p.relative_to(NBS).parts))
-RUN = "import sys, nbdev.test as nbt; ok, _ = nbt.test_nb(sys.argv[1], skip_flags=['notest', 'slow', 'docker', 'browser']); sys.exit(0 if ok else 1)"
+RUN = "import sys, nbdev.test as nbt; ok, _ = nbt.test_nb(sys.argv[1], skip_flags=['notest', 'slow', 'docker', 'browser', 'ray']); sys.exit(0 if ok else 1)"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[str(p.relative_to(NBS)) for p in NOTEBOOKS])

@@ -1,0 +1,32 @@
+# An openenv-nb environment project. Build it with `openenv build` in this folder: that stages the context this
+# file expects (`.openenv/` holds a wheel of openenv-nb made from the local source and its requirements).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# openenv-nb's dependencies in a layer of their own: reused until they change
+COPY .openenv/requirements.txt /opt/openenv/requirements.txt
+RUN python -m pip install -r /opt/openenv/requirements.txt
+
+# openenv-nb itself, from the wheel of the local source
+COPY .openenv/ /opt/openenv/
+RUN python -m pip install --no-deps /opt/openenv/*.whl
+
+# the environment's own requirements (the file may be empty), then the project itself
+COPY requirements.txt /app/requirements.txt
+RUN python -m pip install -r /app/requirements.txt
+COPY . /app
+
+# the server runs as a user without privileges
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin openenv
+USER 10001
+WORKDIR /app
+
+# what to serve (`module:attribute`, importable from /app), and where to listen: containers sharing the host's
+# network are each given their own PORT
+ENV OPENENV_TARGET=server.app:app PYTHONPATH=/app HOST=0.0.0.0 PORT=8000 MAX_SESSIONS=64 LOG_LEVEL=info
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"]
+CMD ["sh", "-c", "exec openenv serve \"$OPENENV_TARGET\" --host \"$HOST\" --port \"$PORT\" --max-sessions \"$MAX_SESSIONS\" --log-level \"$LOG_LEVEL\""]

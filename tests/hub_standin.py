@@ -1,0 +1,106 @@
+"""A stand-in for the Hugging Face Hub: the endpoints `huggingface_hub` calls to push a Space, recording each call.
+
+Served by the tests as `hub_standin:app` with HF_ENDPOINT pointing at it. It accepts one token, `hf_standin_token`,
+for the user `alice`; it records every request in `CALLS` (GET /_calls returns them, with the files committed).
+Files are committed inline (`uploadMode: regular`), which is what the Hub answers for small text files, so the real
+client code runs from whoami to the commit without needing LFS or Xet storage.
+"""
+import base64
+import hashlib
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+TOKEN, USER = "hf_standin_token", "alice"
+app = FastAPI()
+CALLS: list[dict] = []
+REPOS: dict[str, dict] = {}   # repo id -> {"private": bool, "sdk": str, "files": {path: text}}
+
+
+def _authorized(request: Request) -> bool:
+    return request.headers.get("authorization") == f"Bearer {TOKEN}"
+
+
+def _denied():
+    return JSONResponse({"error": "Invalid credentials in Authorization header"}, status_code=401)
+
+
+@app.middleware("http")
+async def record(request: Request, call_next):
+    if request.url.path not in ("/_calls", "/health"):
+        CALLS.append({"method": request.method, "path": request.url.path, "query": str(request.url.query)})
+    return await call_next(request)
+
+
+@app.get("/health")
+def health():  # for the test fixtures, which wait on it
+    return {"status": "healthy"}
+
+
+@app.get("/_calls")
+def calls():
+    return {"calls": CALLS, "repos": REPOS}
+
+
+@app.get("/api/agent-harnesses")
+def agent_harnesses():  # huggingface_hub's user-agent detection: no harnesses
+    return {"standardEnvVars": [], "harnesses": {}}
+
+
+@app.get("/api/whoami-v2")
+def whoami(request: Request):
+    if not _authorized(request): return _denied()
+    return {"type": "user", "name": USER, "fullname": "Alice", "orgs": [{"name": "my-org"}],
+            "auth": {"type": "access_token", "accessToken": {"displayName": "standin", "role": "write"}}}
+
+
+@app.post("/api/repos/create")
+async def create_repo(request: Request):
+    if not _authorized(request): return _denied()
+    body = await request.json()
+    repo_id = f"{body.get('organization') or USER}/{body['name']}"
+    CALLS[-1]["body"] = body
+    if repo_id in REPOS: return JSONResponse({"error": "You already created this space repo", "url": f"{request.base_url}spaces/{repo_id}"}, status_code=409)
+    REPOS[repo_id] = {"type": body.get("type"), "sdk": body.get("sdk"), "private": body.get("visibility") == "private" or body.get("private"),
+                      "files": {}}
+    return {"url": f"{str(request.base_url).rstrip('/')}/spaces/{repo_id}", "name": repo_id, "id": repo_id}
+
+
+@app.post("/api/validate-yaml")
+async def validate_yaml(request: Request):
+    return {"errors": [], "warnings": []}
+
+
+@app.post("/api/spaces/{org}/{name}/preupload/{revision}")
+async def preupload(org: str, name: str, revision: str, request: Request):
+    if not _authorized(request): return _denied()
+    if f"{org}/{name}" not in REPOS: return JSONResponse({"error": "Repository not found"}, status_code=404)
+    body = await request.json()
+    return {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in body["files"]],
+            "commitOid": "0" * 40}
+
+
+@app.post("/api/spaces/{org}/{name}/commit/{revision}")
+async def commit(org: str, name: str, revision: str, request: Request):
+    if not _authorized(request): return _denied()
+    repo = REPOS.get(f"{org}/{name}")
+    if repo is None: return JSONResponse({"error": "Repository not found"}, status_code=404)
+    lines = [json.loads(l) for l in (await request.body()).decode().splitlines() if l.strip()]
+    for line in lines:
+        if line["key"] == "header": CALLS[-1]["summary"] = line["value"].get("summary")
+        if line["key"] == "file":
+            v = line["value"]
+            data = base64.b64decode(v["content"]) if v.get("encoding") == "base64" else v["content"].encode()
+            repo["files"][v["path"]] = data.decode("utf-8", errors="replace") if not v["path"].endswith(".whl") else f"<{len(data)} bytes>"
+        if line["key"] in ("lfsFile", "deletedFile", "deletedFolder", "copyFile"):
+            return JSONResponse({"error": f"the stand-in does not take {line['key']}"}, status_code=400)
+    oid = hashlib.sha1(json.dumps(sorted(repo["files"])).encode()).hexdigest()
+    return {"success": True, "commitOid": oid, "commitUrl": f"{str(request.base_url).rstrip('/')}/spaces/{org}/{name}/commit/{oid}",
+            "pullRequestUrl": None}
+
+
+@app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"])
+async def unknown(path: str, request: Request):
+    CALLS[-1]["unknown"] = True
+    return JSONResponse({"error": f"the stand-in does not serve /{path}"}, status_code=404)

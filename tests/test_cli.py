@@ -1,0 +1,188 @@
+"""The `openenv` command driven as a user drives it, in a temporary folder: init -> serve -> validate -> validate --url
+-> push --dry-run (and build, under the docker flag), then every bad input on the way."""
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import need
+
+OPENENV = [shutil.which("openenv")] if shutil.which("openenv") else [sys.executable, "-m", "openenv_nb.cli"]
+NO_HF = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+
+
+def openenv(*args, cwd=None, timeout=120, env=None):
+    return subprocess.run([*OPENENV, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env or os.environ, stdin=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def serving(*args, cwd=None, timeout=30):
+    """`openenv serve ARGS` in the background; yields its URL once `/health` answers, stops it after."""
+    p = subprocess.Popen([*OPENENV, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         stdin=subprocess.DEVNULL, process_group=0)
+    try:
+        deadline, url, seen = time.monotonic() + timeout, None, ""
+        while url is None:
+            line = p.stdout.readline()
+            seen += line
+            if not line or time.monotonic() > deadline: raise AssertionError(f"the server did not start:\n{seen}")
+            if m := re.search(r"serving on (http://\S+)", line): url = m.group(1)
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1): break
+            except OSError:
+                if time.monotonic() > deadline: raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
+        try: p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL); p.wait()
+        p.stdout.close()
+
+
+def test_help_reads_well():
+    r = openenv("--help")
+    assert r.returncode == 0
+    for cmd in ("init", "serve", "validate", "build", "push", "demo"): assert re.search(rf"^\s+{cmd}\s+\w", r.stdout, re.M), cmd
+    assert "the environment author's path:" in r.stdout and "openenv init my_env" in r.stdout
+    for cmd in ("init", "serve", "validate", "build", "push", "demo"):
+        r = openenv(cmd, "--help")
+        assert r.returncode == 0 and r.stdout.startswith(f"usage: openenv {cmd}"), r.stdout
+        assert len(r.stdout.splitlines()[2]) > 20  # a description, not just the usage line
+    assert re.match(r"openenv-nb \d", openenv("--version").stdout)
+
+
+def test_the_authors_path(tmp_path):
+    r = openenv("init", "maze_env", cwd=tmp_path)
+    assert r.returncode == 0 and "Created maze_env" in r.stdout and "MazeEnvironment" in r.stdout, r.stdout + r.stderr
+    r = openenv("validate", "maze_env", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith("PASSED"), r.stdout
+    with serving("maze_env", "--port", "0", cwd=tmp_path) as url:
+        r = openenv("validate", "--url", url)
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == "PASSED: 10 of 10 required checks", r.stdout
+        with urllib.request.urlopen(f"{url}/metadata") as m: meta = json.load(m)
+        assert (meta["name"], meta["version"], meta["readme_content"][:10]) == ("maze_env", "0.1.0", "# Maze Env")
+        play = ("from maze_env import MazeAction, MazeEnv\n"
+                f"with MazeEnv({url!r}).sync() as env:\n"
+                "    r, lo, hi = env.reset(seed=5), 1, 100\n"
+                "    while not r.done:\n"
+                "        g = (lo + hi) // 2; r = env.step(MazeAction(guess=g))\n"
+                "        lo, hi = (g + 1, hi) if r.observation.hint == 'higher' else (lo, g - 1)\n"
+                "    print(r.observation.hint, r.reward)\n")
+        r = subprocess.run([sys.executable, "-c", play], cwd=tmp_path / "maze_env", capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["correct", "1.0"], r.stdout + r.stderr
+    r = openenv("push", "maze_env", "--dry-run", cwd=tmp_path, env=NO_HF)
+    assert r.returncode == 0 and "Nothing was uploaded (--dry-run)" in r.stdout, r.stdout + r.stderr
+    staged = Path(re.search(r" in (\S+) \(", r.stdout).group(1))
+    assert "sdk: docker" in (staged / "README.md").read_text() and (staged / "Dockerfile").is_file()
+    shutil.rmtree(staged)
+
+
+def test_serve_takes_a_project_its_manifest_and_a_module(tmp_path):
+    r = openenv("init", "port_env", cwd=tmp_path)
+    manifest = tmp_path / "port_env" / "openenv.yaml"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    manifest.write_text(manifest.read_text().replace("port: 8000", f"port: {port}"))
+    with serving(str(manifest), cwd="/") as url:  # the manifest file itself, and its port
+        assert url.endswith(f":{port}") and json.load(urllib.request.urlopen(f"{url}/metadata"))["name"] == "port_env"
+    with serving("port_env.core:PortEnvironment", "--port", "0", cwd=tmp_path / "port_env") as url:  # from the current folder
+        assert json.load(urllib.request.urlopen(f"{url}/schema"))["action"]["title"] == "PortAction"
+
+
+@pytest.mark.parametrize("name,why", [
+    ("my-env", "is not a valid Python identifier"), ("9lives", "is not a valid Python identifier"),
+    ("import", "is a Python keyword"), ("_hidden", "starts with an underscore"), ("json", "already has"), ("", "empty")])
+def test_init_refuses_bad_names(tmp_path, name, why):
+    r = openenv("init", name, cwd=tmp_path)
+    assert r.returncode != 0 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_refuses_a_target_in_use_and_writes_nothing(tmp_path):
+    (tmp_path / "taken").mkdir(); (tmp_path / "taken" / "notes.txt").write_text("mine")
+    (tmp_path / "afile").write_text("x")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for args, why in [(["taken"], "exists and is not empty"), (["afile"], "is a file"),
+                      (["x_env", "-o", "afile"], "is a file, not a folder"), (["y_env", "-o", "afile/deeper"], "is a file, not a folder")]:
+        r = openenv("init", *args, cwd=tmp_path)
+        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_init_takes_an_empty_folder_and_makes_missing_parents(tmp_path):
+    (tmp_path / "empty_env").mkdir()
+    assert openenv("init", "empty_env", cwd=tmp_path).returncode == 0
+    assert openenv("init", "deep_env", "-o", "a/b/c", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "empty_env" / "openenv.yaml").is_file() and (tmp_path / "a/b/c/deep_env/openenv.yaml").is_file()
+    assert not [p for p in tmp_path.rglob(".*.partial")]
+
+
+def test_serve_explains_bad_targets(tmp_path):
+    (tmp_path / "no_manifest").mkdir()
+    (tmp_path / "bad_yaml").mkdir(); (tmp_path / "bad_yaml" / "openenv.yaml").write_text("name: [oops\n")
+    (tmp_path / "bad_app").mkdir(); (tmp_path / "bad_app" / "openenv.yaml").write_text("name: bad_app\napp: nowhere.mod:Env\n")
+    for target, why in [("nonsense", "unknown target 'nonsense'"), ("no_manifest", "has no openenv.yaml"),
+                        ("bad_yaml", "is not valid YAML"), ("bad_app", "Cannot import 'nowhere.mod'"),
+                        ("openenv_nb.envs.echo:Nope", "has no attribute 'Nope'")]:
+        r = openenv("serve", target, "--port", "0", cwd=tmp_path, timeout=60)
+        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (target, r.stderr)
+
+
+def test_validate_a_broken_project(tmp_path):
+    r = openenv("validate", str(tmp_path))
+    assert r.returncode == 1 and re.search(r"FAIL\s+manifest", r.stdout) and "openenv init" in r.stdout, r.stdout
+    report = json.loads(openenv("validate", str(tmp_path), "--json").stdout)
+    assert (report["passed"], report["validation_type"], report["summary"]["failed_criteria"][0]) == (False, "local_environment", "manifest")
+    r = openenv("validate", ".", "--url", "http://127.0.0.1:9")
+    assert r.returncode == 1 and "not both" in r.stderr
+    r = openenv("validate", "--url", "http://127.0.0.1:9", "--timeout", "0")
+    assert r.returncode == 1 and "--timeout" in r.stderr
+
+
+def test_build_and_push_explain_bad_inputs(tmp_path):
+    (tmp_path / "openenv.yaml").write_text("name: x\n")
+    r = openenv("build", str(tmp_path))
+    assert r.returncode == 1 and "app: Field required" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = openenv("build", str(tmp_path), "--build-arg", "NOEQUALS")
+    assert r.returncode == 1 and "KEY=VALUE" in r.stderr
+    r = openenv("push", str(tmp_path), "--dry-run", env=NO_HF)
+    assert r.returncode == 1 and "app: Field required" in r.stderr
+
+
+@pytest.mark.docker
+def test_build_runs_and_validates_a_new_project(tmp_path):
+    try:
+        from openenv_nb.providers import DockerProvider, docker_client
+        client = docker_client(); client.ping()
+    except Exception as e: client, why = None, f"no Docker engine ({e}); start one with: bash ../shared/ci/docker-up.sh"
+    need("docker", client is not None, client is None and why)
+    env = dict(os.environ)
+    if not env.get("OPENENV_BASE_IMAGE"):
+        with contextlib.suppress(Exception): client.images.get("openenv-nb/base:py3.11"); env["OPENENV_BASE_IMAGE"] = "openenv-nb/base:py3.11"
+    assert openenv("init", "boxed_env", cwd=tmp_path).returncode == 0
+    tag = "openenv-boxed_env:test"
+    r = openenv("build", "boxed_env", "-t", tag, cwd=tmp_path, env=env, timeout=900)
+    assert r.returncode == 0 and f"built {tag}" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    try:
+        from openenv_nb.validate import validate_url
+        with DockerProvider(tag) as p:
+            report = validate_url(p.base_url, timeout=10)
+            assert report["passed"], report["summary"]
+    finally:
+        with contextlib.suppress(Exception): client.images.remove(tag, force=True)

@@ -1,0 +1,177 @@
+"""Environments on Ray: a real two-node cluster on this machine (head 127.0.0.2, worker 127.0.0.3), started with
+`ray start` by `LocalCluster` and stopped by process id (never `ray stop`)."""
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from openenv_nb.envs.echo import EchoAction, EchoObservation
+from openenv_nb.providers import ProviderError, healthy
+from openenv_nb.ray import LocalCluster, PlacementError, RayProvider, mentioning, process_tree
+from openenv_nb.types import EnvConnectionError, State
+from openenv_nb.vector import VectorEnv
+from conftest import need
+
+try:
+    import ray
+except ImportError:
+    ray = None
+
+pytestmark = pytest.mark.ray
+HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+
+
+class EchoVector(VectorEnv[EchoAction, EchoObservation, State]):
+    pass
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    need("ray", ray is not None, "Ray is not installed (pip install 'openenv-nb[ray]')")
+    c = LocalCluster(nodes=2, num_cpus=4, labels=[{"openenv-node": "head"}, {"openenv-node": "worker"}])
+    c.start()
+    d = c.dir
+    yield c
+    c.stop()
+    assert mentioning(d) == [], "processes of the test cluster left behind"
+
+
+def provider(cluster, **kw) -> RayProvider:
+    """A provider on the test cluster: small servers (half a CPU), checked often."""
+    return RayProvider(**{"num_cpus": 0.5, "address": cluster.address, "check_interval_s": 0.5, **kw})
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError: return False
+
+
+def gone(pids, within_s: float = 10.0) -> bool:
+    """Whether every process in `pids` has exited within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while any(running(p) for p in pids):
+        if time.monotonic() > deadline: return False
+        time.sleep(0.1)
+    return True
+
+
+def test_servers_on_both_nodes_run_an_episode_and_leave_nothing(cluster):
+    rp = provider(cluster, num_servers=4, spread=True)
+    with rp:
+        assert sorted(s.node_ip for s in rp.servers) == [HEAD, HEAD, WORKER, WORKER]
+        assert len(set(rp.urls)) == 4 and all(u.split("//")[1].split(":")[0] == s.node_ip for u, s in zip(rp.urls, rp.servers))
+        with EchoVector(rp, num_envs=8).sync() as venv:
+            r = venv.reset(seed=0)
+            assert r.ok and r.observations[7].echoed_message == "Echo environment ready!"
+            r = venv.step([EchoAction(message="x" * i) for i in range(8)])
+            assert r.ok and [o.message_length for o in r.observations] == list(range(8))
+            h = rp.health()
+            assert [x["healthy"] for x in h] == [True] * 4 and sum(x["active_sessions"] for x in h) == 8
+        assert all(s.server_pid != s.pid for s in rp.servers)  # the default: a server process per actor
+        pids, urls = [p for s in rp.servers for p in (s.pid, s.server_pid)], list(rp.urls)
+        assert ray.is_initialized()
+    assert rp.urls == [] and rp.servers == [] and not ray.is_initialized()  # it connected, so it disconnected
+    assert gone(pids), f"actor or server processes left: {[p for p in pids if running(p)]}"
+    assert not any(healthy(u) for u in urls)
+
+
+def test_labels_place_servers_and_thread_servers_leave_nothing(cluster):
+    with provider(cluster, num_servers=2, label_selector={"openenv-node": "worker"}, backend="thread") as rp:
+        assert [s.node_ip for s in rp.servers] == [WORKER, WORKER]
+        assert all(s.server_pid == s.pid for s in rp.servers)
+        with EchoVector(rp, num_envs=2).sync() as venv:
+            assert venv.step([EchoAction(message="ab")] * 2).rewards == [0.2, 0.2]
+        pids = [s.pid for s in rp.servers]
+    assert gone(pids), f"actor processes left: {[p for p in pids if running(p)]}"
+
+
+@pytest.mark.parametrize("ask, says", [
+    (dict(resources={"gpu_node": 1}), "no node has the resource 'gpu_node'"),
+    (dict(label_selector={"openenv-node": "mars"}), "no node has the labels {'openenv-node': 'mars'}"),
+    (dict(num_cpus=16), "each server asks for CPU 16, and the largest node has 4"),
+], ids=["resource", "label", "cpus"])
+def test_impossible_placement_hits_our_timeout(cluster, ask, says):
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError, match="Ray placed 0 of 2 servers within 2 s") as e:
+        provider(cluster, num_servers=2, placement_timeout_s=2, **ask).start()
+    assert says in str(e.value)
+    assert time.monotonic() - t0 < 20 and not ray.is_initialized()
+
+
+def test_a_server_that_cannot_start_says_why(cluster):
+    with pytest.raises(ProviderError, match="No module named 'no_such_module'"):
+        provider(cluster, target="no_such_module:Env", num_servers=1).start()
+    assert not ray.is_initialized()
+
+
+def test_local_starts_and_ends_a_ray_of_its_own(cluster, monkeypatch):
+    """`local=True` (a laptop): a Ray instance of the provider's own, gone after `stop`."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token file written to ~/.ray
+    init = {"_node_ip_address": "127.0.0.4", "num_cpus": 2, "object_store_memory": 100 * 2**20}
+    before = set(process_tree(os.getpid()))  # the module's cluster is under this process too
+    with RayProvider(local=True, init_kwargs=init, num_servers=2, num_cpus=0.5) as rp:
+        assert [s.node_ip for s in rp.servers] == ["127.0.0.4"] * 2
+        with EchoVector(rp, num_envs=2).sync() as venv:
+            assert venv.step([EchoAction(message="abc")] * 2).ok
+        ours = set(process_tree(os.getpid())) - before - set(mentioning(cluster.dir))
+        assert ours, "no Ray processes under this one"
+    assert not ray.is_initialized() and gone(ours), f"left: {[p for p in ours if running(p)]}"
+
+
+@pytest.mark.docker
+def test_servers_in_docker_containers_leave_nothing(cluster):
+    try:
+        from openenv_nb.providers import OWNER_LABEL, docker_client, owner_id
+        client = docker_client(); client.ping()
+    except Exception as e: client, why = None, f"no Docker engine: {e} (start one with: bash ../shared/ci/docker-up.sh)"
+    need("docker", client is not None, client is None and why)
+    from openenv_nb.images import build
+    if not os.environ.get("OPENENV_BASE_IMAGE"):  # no registry here: build on the local base when there is one
+        try: client.images.get("openenv-nb/base:py3.11"); os.environ["OPENENV_BASE_IMAGE"] = "openenv-nb/base:py3.11"
+        except Exception: pass
+    image = build("echo", log=lambda line: None)
+    with provider(cluster, num_servers=2, spread=True, backend="docker", image=image) as rp:
+        assert sorted(s.node_ip for s in rp.servers) == [HEAD, WORKER] and all(s.container for s in rp.servers)
+        with EchoVector(rp, num_envs=4).sync() as venv:
+            assert venv.step([EchoAction(message="ab")] * 4).rewards == [0.2] * 4
+        owners = [owner_id(s.pid) for s in rp.servers]
+        names = [s.container for s in rp.servers]
+        assert {c.name for o in owners for c in client.containers.list(filters={"label": f"{OWNER_LABEL}={o}"})} == set(names)
+    assert [c.name for o in owners for c in client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={o}"})] == []
+
+
+def test_killing_the_worker_node_fails_its_episodes_and_moves_its_servers(cluster):
+    """Last in the file: it kills the module's worker node."""
+    with provider(cluster, num_servers=4, spread=True, failures_to_restart=2) as rp:
+        on_worker = [s.index for s in rp.servers if s.node_ip == WORKER]
+        assert len(on_worker) == 2
+        old = list(rp.urls)
+        with EchoVector(rp, num_envs=8).sync() as venv:  # two environments per server, in server order
+            assert venv.reset().ok
+            lost = [i for i in range(8) if i // 2 in on_worker]
+            t0 = time.monotonic()
+            cluster.kill_node(1)
+            r = venv.step([EchoAction(message="hi")] * 8)
+            failed_in = time.monotonic() - t0
+            assert failed_in < 5, f"episodes on the dead node took {failed_in:.1f} s to fail"
+            assert [i for i, e in enumerate(r.errors) if e is not None] == lost
+            for i in lost:
+                assert isinstance(r.errors[i], EnvConnectionError)
+                assert str(r.errors[i]).startswith(f"Environment {i} lost its episode: ")
+            assert all(r.observations[i].echoed_message == "hi" for i in range(8) if i not in lost)  # the others go on
+
+            while any(rp.urls[k] == old[k] for k in on_worker):
+                assert time.monotonic() - t0 < 30, f"no new URL within 30 s; events: {rp.events}"
+                time.sleep(0.1)
+            print(f"failed in {failed_in:.2f} s; new URLs after {time.monotonic() - t0:.1f} s")
+            assert all(rp.servers[k].node_ip == HEAD and rp.servers[k].restarts == 1 for k in on_worker)
+            assert [rp.urls[k] for k in range(4) if k not in on_worker] == [old[k] for k in range(4) if k not in on_worker]
+            r = venv.reset()
+            assert r.ok, r.errors
+            r = venv.step([EchoAction(message="again")] * 8)
+            assert r.ok and {o.echoed_message for o in r.observations} == {"again"}
+        assert any("restarted" in what for _, what in rp.events)
+        pids = [s.pid for s in rp.servers]
+    assert gone(pids)
