@@ -138,13 +138,15 @@ def main():
                 cells.append(f"n/a ({r['error'][:60]})" if "error" in r else f"{r['steps'] / r['seconds']:,.0f} ({r['cpu_us']:.0f})"
                              + (f", {r['errors']} errors" if r.get("errors") else ""))
             print(f"| {label} | " + " | ".join(cells) + " |")
-        best = phases[0][0]
+        one, local = phases[0][0], phases[1][0]
         ratio = lambda a, b, n: (table[a, n]["steps"] / table[a, n]["seconds"]) / (table[b, n]["steps"] / table[b, n]["seconds"])
+        print()
         for n in sizes:
             try:
-                print(f"\n{n} envs: batched (1 server) / core = {ratio(best, 'core, one frame per step', n):.1f}x; "
-                      f"batched / ours per frame = {ratio(best, 'ours, one frame per step', n):.1f}x")
-            except (KeyError, ZeroDivisionError): pass
+                print(f"{n} envs: batched / core = {ratio(one, 'core, one frame per step', n):.1f}x with 1 server, "
+                      f"{ratio(local, 'core, one frame per step', n):.1f}x with the local default; "
+                      f"batched (1 server) / ours per frame = {ratio(one, 'ours, one frame per step', n):.1f}x")
+            except (KeyError, ZeroDivisionError, TypeError): pass
         print("\nTarget: >= 20,000 echo environment-steps/s with 256 environments, and 10x openenv-core at the same count.")
     finally:
         for s in servers.values(): stop(s.proc)
