@@ -66,3 +66,12 @@ def test_installed_web_page_is_served(venv):
             "c = TestClient(make_app('echo', web=True)); r = c.get('/web'); print(r.status_code, 'message' in r.text)")
     r = run(venv, "python", "-c", code)
     assert r.stdout.split() == ["200", "True"], r.stdout + r.stderr
+
+
+def test_installed_init_templates_work(venv, tmp_path):
+    r = run(venv, "openenv", "init", "tidy_game", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    project = tmp_path / "tidy_game"
+    assert (project / "openenv.yaml").exists() and (project / "Dockerfile").exists() and list(project.glob("nbs/*.ipynb"))
+    r = run(venv, "openenv", "validate", str(project))
+    assert r.returncode == 0, r.stdout + r.stderr
