@@ -7,9 +7,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 # %% auto #0
 __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'MAX_BATCH', 'BATCH_MESSAGES', 'BATCH_TYPES', 'ENVELOPE', 'accepted',
            'call_env', 'listed', 'ConcurrencyError', 'Hub', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'Op',
-           'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg', 'decode', 'Session', 'gather_eager', 'serve_session',
-           'ws_endpoint', 'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp', 'web_enabled',
-           'create_app', 'bind', 'serve']
+           'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg', 'decode', 'Session', 'unreadable', 'gather_eager',
+           'serve_session', 'ws_endpoint', 'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp',
+           'web_enabled', 'create_app', 'bind', 'serve']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
@@ -229,7 +229,7 @@ class Session:
             return {"type": "observation", "data": to_envelope(await call_env(env, "reset", hub.pool, **kw), self.metadata)}
         return {"type": "state", "data": env.state.model_dump(mode="json")}
 
-# %% ../nbs/02_server.ipynb #e55a9515
+# %% ../nbs/02_server.ipynb #9641eee6
 @patch_to(Session)
 async def act(self, m: BaseModel) -> dict | None:
     "The reply to the typed message `m`; `None` for `close`."
@@ -240,14 +240,21 @@ async def act(self, m: BaseModel) -> dict | None:
                            "open environments with 'batch.open' and address them in 'batch' ops", errors=[])
     return await self.act_on(self.env, m.type, getattr(m, "data", {}))
 
+def unreadable(text: str | None, # the frame's text; `None` for a binary frame
+               limit: int # the longest frame read, in characters
+              ) -> dict | None:
+    "The error frame for a frame that is not read at all (binary, or over `limit`); `None` for one that is."
+    if text is None: return error_frame(ErrorCode.INVALID_JSON, "Binary frames are not supported: send JSON as text")
+    if len(text) > limit:
+        return error_frame(ErrorCode.VALIDATION_ERROR, f"Message of {len(text)} characters is over the limit of {limit}",
+                           errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
+    return None
+
 @patch_to(Session)
 async def handle(self, text: str | None # the frame's text; `None` for a binary frame
                 ) -> dict | None:
     "The reply frame to one incoming frame; `None` when the client asked to close."
-    if text is None: return error_frame(ErrorCode.INVALID_JSON, "Binary frames are not supported: send JSON as text")
-    if len(text) > self.hub.max_message_size:
-        return error_frame(ErrorCode.VALIDATION_ERROR, f"Message of {len(text)} characters is over the limit of "
-                           f"{self.hub.max_message_size}", errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
+    if (err := unreadable(text, self.hub.max_message_size)) is not None: return err
     m, rid = decode(text, self.kinds)
     if isinstance(m, BaseModel):
         try: m = await (self.act_on(self.env, "step", m.data) if type(m) is StepMsg and self.env is not None else self.act(m))

@@ -9,7 +9,7 @@ __all__ = ['SKIPPED', 'CODE_NAMES', 'TEXT_KINDS', 'LIMITS', 'OMIT', 'NUMBER', 'I
            'form_fields', 'parse_field', 'collect', 'by_field', 'FactoryError', 'WebEpisode', 'envelope', 'ui_endpoint',
            'static_text', 'page_html', 'add_web_routes', 'add_web_interface']
 
-# %% ../nbs/05_web.ipynb #88350863
+# %% ../nbs/05_web.ipynb #72aa6cc7
 import asyncio
 import contextlib
 import json
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.websockets import WebSocket, WebSocketState
 
 from .environment import Environment
-from .server import ENVELOPE, CloseMsg, Hub, ResetMsg, StateMsg, StepMsg, call_env, decode
+from .server import ENVELOPE, CloseMsg, Hub, ResetMsg, StateMsg, StepMsg, call_env, decode, unreadable
 from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame, to_envelope
 
 # %% ../nbs/05_web.ipynb #cc92dfdc
@@ -329,15 +329,12 @@ async def act(self, m: BaseModel) -> dict | None:
     if isinstance(m, CloseMsg): return None
     return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {getattr(m, 'type', m)}")
 
-# %% ../nbs/05_web.ipynb #30fc72ee
+# %% ../nbs/05_web.ipynb #885efdf9
 @patch_to(WebEpisode)
 async def handle(self, text: str | None # the frame's text; `None` for a binary frame
                 ) -> dict | None:
     "The reply to one frame from a page; `None` when the page asked to close."
-    if text is None: return error_frame(ErrorCode.INVALID_JSON, "Binary frames are not supported: send JSON as text")
-    if len(text) > self.hub.max_message_size:
-        return error_frame(ErrorCode.VALIDATION_ERROR, f"Message of {len(text)} characters is over the limit of "
-                           f"{self.hub.max_message_size}", errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
+    if (err := unreadable(text, self.hub.max_message_size)) is not None: return err
     m, rid = decode(text)
     if isinstance(m, BaseModel):
         try: m = await self.act(m)
