@@ -1,6 +1,5 @@
 """Shared fixtures: real servers in subprocesses, and skips that CI turns into failures."""
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +45,23 @@ def server():
         return p.base_url
     yield make
     for p in started: p.stop()
+
+
+LOCAL_BASE = "openenv-nb/base:py3.11"  # what ../shared/ci/docker-up.sh builds
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker SDK client to a running engine (else skip, or fail where required); sets the local base image when
+    OPENENV_BASE_IMAGE is unset and one was built, since no registry can be reached here."""
+    try:
+        from openenv_nb.providers import docker_client
+        client = docker_client(); client.ping()
+    except Exception as e: client, why = None, f"no Docker engine: {e} (start one with: bash ../shared/ci/docker-up.sh)"
+    need("docker", client is not None, client is None and why)
+    if not os.environ.get("OPENENV_BASE_IMAGE"):
+        try:
+            client.images.get(LOCAL_BASE)
+            os.environ["OPENENV_BASE_IMAGE"] = LOCAL_BASE
+        except Exception: pass
+    return client

@@ -14,9 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import need
+
 
 OPENENV = [shutil.which("openenv")] if shutil.which("openenv") else [sys.executable, "-m", "openenv_nb.cli"]
 NO_HF = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
@@ -166,15 +165,9 @@ def test_build_and_push_explain_bad_inputs(tmp_path):
 
 
 @pytest.mark.docker
-def test_build_runs_and_validates_a_new_project(tmp_path):
-    try:
-        from openenv_nb.providers import DockerProvider, docker_client
-        client = docker_client(); client.ping()
-    except Exception as e: client, why = None, f"no Docker engine ({e}); start one with: bash ../shared/ci/docker-up.sh"
-    need("docker", client is not None, client is None and why)
-    env = dict(os.environ)
-    if not env.get("OPENENV_BASE_IMAGE"):
-        with contextlib.suppress(Exception): client.images.get("openenv-nb/base:py3.11"); env["OPENENV_BASE_IMAGE"] = "openenv-nb/base:py3.11"
+def test_build_runs_and_validates_a_new_project(tmp_path, docker_engine):
+    from openenv_nb.providers import DockerProvider
+    client, env = docker_engine, dict(os.environ)
     assert openenv("init", "boxed_env", cwd=tmp_path).returncode == 0
     tag = "openenv-boxed_env:test"
     r = openenv("build", "boxed_env", "-t", tag, cwd=tmp_path, env=env, timeout=900)

@@ -12,34 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import need
+
 
 pytestmark = pytest.mark.docker
 NBS = Path(__file__).parent.parent / "nbs"
-LOCAL_BASE = "openenv-nb/base:py3.11"  # what docker-up.sh builds
-
-
-def _engine() -> tuple[bool, str]:
-    try:
-        from openenv_nb.providers import docker_client
-        docker_client().ping()
-        return True, ""
-    except Exception as e:
-        return False, f"no Docker engine: {e}"
 
 
 @pytest.fixture(scope="session")
-def engine():
-    ok, why = _engine()
-    need("docker", ok, why + " (start one with: bash ../shared/ci/docker-up.sh)")
-    from openenv_nb.providers import docker_client
-    client = docker_client()
-    if not os.environ.get("OPENENV_BASE_IMAGE"):  # no registry here: build on the local base when there is one
-        try:
-            client.images.get(LOCAL_BASE)
-            os.environ["OPENENV_BASE_IMAGE"] = LOCAL_BASE
-        except Exception: pass
-    return client
+def engine(docker_engine): return docker_engine
 
 
 def quiet(line): pass

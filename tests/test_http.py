@@ -1,7 +1,6 @@
 """The HTTP routes against a real server, and a fuzzer against its OpenAPI document."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import requests

@@ -121,16 +121,10 @@ def test_local_starts_and_ends_a_ray_of_its_own(cluster, monkeypatch):
 
 
 @pytest.mark.docker
-def test_servers_in_docker_containers_leave_nothing(cluster):
-    try:
-        from openenv_nb.providers import OWNER_LABEL, docker_client, owner_id
-        client = docker_client(); client.ping()
-    except Exception as e: client, why = None, f"no Docker engine: {e} (start one with: bash ../shared/ci/docker-up.sh)"
-    need("docker", client is not None, client is None and why)
+def test_servers_in_docker_containers_leave_nothing(cluster, docker_engine):
     from openenv_nb.images import build
-    if not os.environ.get("OPENENV_BASE_IMAGE"):  # no registry here: build on the local base when there is one
-        try: client.images.get("openenv-nb/base:py3.11"); os.environ["OPENENV_BASE_IMAGE"] = "openenv-nb/base:py3.11"
-        except Exception: pass
+    from openenv_nb.providers import OWNER_LABEL, owner_id
+    client = docker_engine
     image = build("echo", log=lambda line: None)
     with provider(cluster, num_servers=2, spread=True, backend="docker", image=image) as rp:
         assert sorted(s.node_ip for s in rp.servers) == [HEAD, WORKER] and all(s.container for s in rp.servers)

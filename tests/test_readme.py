@@ -1,5 +1,4 @@
 """The README is the index notebook, its code runs, and its two commands are the ones CI uses."""
-import json
 import re
 import subprocess
 import sys
