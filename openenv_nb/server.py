@@ -9,7 +9,7 @@ __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MESSAGES', 'MAX_BATCH', 'BATCH_MESSAGES'
            'call_env', 'listed', 'ConcurrencyError', 'Hub', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'Op',
            'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg', 'decode', 'Session', 'unreadable', 'gather_eager',
            'serve_session', 'ws_endpoint', 'one_shot', 'Health', 'Schemas', 'HTTPError', 'add_http_routes', 'mcp',
-           'web_enabled', 'create_app', 'bind', 'serve']
+           'web_enabled', 'create_app', 'bind', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import types
 import typing
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fastcore.basics import patch_to
+from fastcore.meta import delegates
 from starlette.websockets import WebSocket, WebSocketState
 
 from . import __version__
@@ -557,18 +559,57 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
+# %% ../nbs/02_server.ipynb #ec4ee88a
+def server_config(app: FastAPI, # the app to serve
+                  log_level: str = "info", # uvicorn's log level
+                  ws_max_size: int = 16 << 20, # largest WebSocket frame the transport reads, in bytes
+                  compression: bool = False, # accept permessage-deflate when a client offers it
+                 ) -> uvicorn.Config:
+    "The uvicorn settings every openenv-nb server runs with."
+    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size, ws_per_message_deflate=compression,
+                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)
+
 # %% ../nbs/02_server.ipynb #a3f849ca
+@delegates(server_config, but=["app"])
 def serve(app: FastAPI, # the app to serve
           host: str = "127.0.0.1", # address to listen on
           port: int = 8000, # port, `0` for a free one
-          log_level: str = "info", # uvicorn's log level
-          ws_max_size: int = 16 << 20, # largest WebSocket frame the transport reads, in bytes
-          compression: bool = False, # accept permessage-deflate when a client offers it
           announce: bool = True, # print the address once listening
-         ):
+          **kwargs):
     "Serve `app` with uvicorn until interrupted."
     sock = bind(host, port)
-    cfg = uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size, ws_per_message_deflate=compression,
-                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)
     if announce: print(f"openenv-nb serving on http://{host}:{sock.getsockname()[1]}", flush=True)
-    uvicorn.Server(cfg).run(sockets=[sock])
+    uvicorn.Server(server_config(app, **kwargs)).run(sockets=[sock])
+
+# %% ../nbs/02_server.ipynb #7f46c4cb
+class _Server(uvicorn.Server):
+    "A uvicorn server that sets `ready` once it listens."
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+# %% ../nbs/02_server.ipynb #f7ee8337
+@contextlib.contextmanager
+@delegates(server_config, but=["app"])
+def serve_in_thread(app: FastAPI, # the app to serve
+                    host: str = "127.0.0.1", # address to listen on
+                    port: int = 0, # port, `0` for a free one
+                    log_level: str = "warning", # uvicorn's log level
+                    **kwargs):
+    "Serve `app` in a background thread with `serve`'s settings; yields the base URL, stops on exit."
+    sock = bind(host, port)
+    server = _Server(server_config(app, log_level=log_level, **kwargs))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openenv-serve")
+    t.start()
+    try:
+        while not server.ready.wait(0.05):
+            if not t.is_alive(): raise RuntimeError(f"The server thread for {host}:{port} exited before it listened")
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+        sock.close()

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
 from .types import EnvServerError, ResetRequest, StepResult
-from .web import by_field, collect, form_fields
+from .forms import by_field, collect, form_fields
 
 # %% ../nbs/06_widget.ipynb #7600872e
 def as_client(env: Any # a server URL, an `EnvClient` (or its `.sync()` twin), or an `HTTPEnvClient`
