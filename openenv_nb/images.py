@@ -21,6 +21,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 import openenv_nb
+from .providers import docker_client, host_network
 
 # %% ../nbs/10_images.ipynb #10f3c85d
 BUILTIN = ("echo", "coding")  # environments with a Dockerfile in the package
@@ -38,14 +39,21 @@ def project_dockerfile(target: str = "server.app:app", # what `openenv serve` se
     text = (resources.files("openenv_nb") / "docker" / "project.Dockerfile").read_text()
     return re.sub(r"OPENENV_TARGET=\S+", lambda m: f"OPENENV_TARGET={target}", text, count=1)
 
+# %% ../nbs/10_images.ipynb #68602bc4
+def _instructions(text: str) -> list[str]:
+    "The instructions of the Dockerfile `text`, one a string, continuations joined, comments left out."
+    lines = (l.strip() for l in re.sub(r"\\\n", " ", text).splitlines())
+    return [l for l in lines if l and not l.startswith("#")]
+
 # %% ../nbs/10_images.ipynb #6514273d
 _SECRET = re.compile(r"^\s*(ENV|ARG)\s+[^#\n]*\b\w*(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)\w*\s*=\s*\S",
                      re.I | re.M)
 
+# %% ../nbs/10_images.ipynb #a790687e
 def check_dockerfile(text: str # a Dockerfile
                     ) -> list[str]:
     "The image rules that the Dockerfile `text` breaks (empty when it follows them all)."
-    lines = [l.strip() for l in re.sub(r"\\\n", " ", text).splitlines() if l.strip() and not l.strip().startswith("#")]
+    lines = _instructions(text)
     first = lambda word: [l for l in lines if l.split()[0].upper() == word]
     froms, users, problems = first("FROM"), first("USER"), []
     if not froms or "${BASE_IMAGE}" not in froms[0] and "$BASE_IMAGE" not in froms[0]: problems.append("FROM must be ${BASE_IMAGE}")
@@ -59,20 +67,23 @@ def check_dockerfile(text: str # a Dockerfile
     return problems
 
 # %% ../nbs/10_images.ipynb #ae1a210c
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed, so the same files give the same bytes
-
 def _dist() -> metadata.Distribution:
+    "The installed distribution of openenv-nb."
     try: return metadata.distribution("openenv-nb")
     except metadata.PackageNotFoundError:
         raise RuntimeError("openenv-nb is not installed, so there is nothing to put in an image: pip install -e . first") from None
 
+# %% ../nbs/10_images.ipynb #140c3479
 def requirements() -> list[str]:
     "openenv-nb's own requirements, without those of its extras."
     return sorted(r for r in (_dist().requires or []) if not re.search(r"\bextra\s*==", r))
 
+# %% ../nbs/10_images.ipynb #5227710b
 def _record_hash(data: bytes) -> str:
+    "The hash of `data` as a wheel's `RECORD` writes it."
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
+# %% ../nbs/10_images.ipynb #be2044e9
 def _package_files(root: Path) -> list[tuple[str, bytes]]:
     "The files of the package at `root` as `(archive name, bytes)`, compiled files left out."
     files = [p for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
@@ -91,6 +102,18 @@ def _dist_info(version: str) -> list[tuple[str, bytes]]:
             (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: openenv-nb\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
             (f"{info}/entry_points.txt", ("[console_scripts]\n" + "\n".join(scripts) + "\n").encode())]
 
+# %% ../nbs/10_images.ipynb #eec6eab3
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed, so the same files give the same bytes
+
+def _write_zip(path: Path, entries: list[tuple[str, bytes]]) -> Path:
+    "Write `entries` to the zip archive `path`, with fixed dates and modes; `path`."
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, _ZIP_DATE)
+            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+    return path
+
 # %% ../nbs/10_images.ipynb #db4ad432
 def package_wheel(dest: str | Path # folder to write the wheel to
                  ) -> Path:
@@ -99,21 +122,26 @@ def package_wheel(dest: str | Path # folder to write the wheel to
     entries = _package_files(Path(openenv_nb.__file__).parent) + _dist_info(version)
     record = f"openenv_nb-{version}.dist-info/RECORD"
     lines = [f"{n},{_record_hash(b)},{len(b)}" for n, b in entries] + [f"{record},,"]
-    path = Path(dest) / f"openenv_nb-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in entries + [(record, ("\n".join(lines) + "\n").encode())]:
-            info = zipfile.ZipInfo(name, _ZIP_DATE)
-            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
-            z.writestr(info, data)
-    return path
+    entries.append((record, ("\n".join(lines) + "\n").encode()))
+    return _write_zip(Path(dest) / f"openenv_nb-{version}-py3-none-any.whl", entries)
 
 # %% ../nbs/10_images.ipynb #4ea84dbf
 LEFT_OUT = (".git", ".hg", ".venv", "venv", "__pycache__", "*.pyc", ".ipynb_checkpoints", ".pytest_cache", ".openenv",
             ".env", ".env.*", "*.pem", "*.key", "id_rsa*", ".netrc", ".pypirc")  # never copied into a context
 
-def is_builtin(path: str | Path) -> bool:
+def is_builtin(path: str | Path # a folder, or `"echo"` / `"coding"`
+              ) -> bool:
     "Whether `path` names a built-in environment rather than a folder."
     return str(path) in BUILTIN and not Path(path).is_dir()
+
+# %% ../nbs/10_images.ipynb #2f1b7994
+def _copy_project(src: Path, dest: Path):
+    "Copy the project folder `src`, which holds a Dockerfile, into `dest`, leaving out `LEFT_OUT`."
+    if not (src / "Dockerfile").is_file():
+        raise FileNotFoundError(f"No Dockerfile in {src.resolve()}: build a built-in ({', '.join(BUILTIN)}) or an `openenv init` project")
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*LEFT_OUT), dirs_exist_ok=True)
+    if (dest / ".dockerignore").exists():
+        with open(dest / ".dockerignore", "a") as f: f.write("\n!.openenv\n!.openenv/**\n")
 
 # %% ../nbs/10_images.ipynb #38b7e86b
 def stage(path: str | Path, # a project folder holding a Dockerfile, or `"echo"` / `"coding"`
@@ -122,20 +150,15 @@ def stage(path: str | Path, # a project folder holding a Dockerfile, or `"echo"`
     "Lay out the build context of `path` in `dest`; the path of `dest`."
     dest = Path(dest)
     if is_builtin(path): (dest / "Dockerfile").write_text(builtin_dockerfile(str(path)))
-    else:
-        src = Path(path)
-        if not (src / "Dockerfile").is_file():
-            raise FileNotFoundError(f"No Dockerfile in {src.resolve()}: build a built-in ({', '.join(BUILTIN)}) or an `openenv init` project")
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*LEFT_OUT), dirs_exist_ok=True)
-        if (dest / ".dockerignore").exists():
-            with open(dest / ".dockerignore", "a") as f: f.write("\n!.openenv\n!.openenv/**\n")
+    else: _copy_project(Path(path), dest)
     (dest / ".openenv").mkdir(exist_ok=True)
     package_wheel(dest / ".openenv")
     (dest / ".openenv" / "requirements.txt").write_text("\n".join(requirements()) + "\n")
     return dest
 
 # %% ../nbs/10_images.ipynb #d62fcc61
-def default_tag(path: str | Path) -> str:
+def default_tag(path: str | Path # a project folder, or `"echo"` / `"coding"`
+               ) -> str:
     "The tag `build` gives the image of `path` when not told one."
     name = str(path) if is_builtin(path) else Path(path).resolve().name
     return "openenv-" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "env") + ":latest"
@@ -146,6 +169,12 @@ class ImageBuildError(RuntimeError):
     def __init__(self, message: str, log: list[str] = ()):
         super().__init__(message)
         self.log = list(log)
+
+# %% ../nbs/10_images.ipynb #524ea03b
+def _chunk_lines(c: dict) -> list[str]:
+    "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
+    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
+    return [l for l in text.rstrip("\n").splitlines() if l.strip()]
 
 # %% ../nbs/10_images.ipynb #0a032709
 def follow_build(chunks, # the engine's decoded build stream
@@ -158,13 +187,42 @@ def follow_build(chunks, # the engine's decoded build stream
         if "error" in c:
             raise ImageBuildError(((c.get("errorDetail") or {}).get("message") or c["error"]).strip(), tail[-20:])
         if "aux" in c: image_id = (c["aux"] or {}).get("ID") or image_id
-        text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
-        for line in text.rstrip("\n").splitlines():
-            if not line.strip(): continue
+        for line in _chunk_lines(c):
             if re.match(r"Step \d+/\d+ :", line): line = f"[{time.monotonic() - t0:6.1f}s] {line}"
             tail.append(line)
             log(line)
     return image_id
+
+# %% ../nbs/10_images.ipynb #43772ceb
+def _build_args(base_image: str | None, build_args: dict | None) -> dict[str, str]:
+    "The build arguments: `build_args` as text, and `BASE_IMAGE` from `base_image` or `$OPENENV_BASE_IMAGE`."
+    args = {k: str(v) for k, v in (build_args or {}).items()}
+    if base_image or os.environ.get("OPENENV_BASE_IMAGE"): args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
+    return args
+
+# %% ../nbs/10_images.ipynb #f68b5ac8
+def _pull_hint(e: ImageBuildError, # what the build raised
+               dockerfile: str, # the Dockerfile built
+               args: dict, # the build arguments
+              ) -> ImageBuildError:
+    "`e`, saying how to name a local base image when the build failed at `FROM`; else `e` itself."
+    steps = [l for l in e.log if re.search(r"Step \d+/\d+ :", l)]
+    if not steps or not re.search(r"Step \d+/\d+ : FROM", steps[-1]): return e
+    default = re.search(r"^\s*ARG\s+BASE_IMAGE=(\S+)", dockerfile, re.M)
+    base = args.get("BASE_IMAGE") or (default.group(1) if default else steps[-1].split("FROM", 1)[1].strip())
+    return ImageBuildError(f"{e}\n(base image {base}: there is no such image here and the engine could not pull it; "
+                           "build one locally and pass --base-image or set OPENENV_BASE_IMAGE)", e.log)
+
+# %% ../nbs/10_images.ipynb #4c59890f
+def _engine_message(e: Exception) -> str:
+    "What the engine said, from a docker SDK exception."
+    return str(getattr(e, "explanation", None) or e)
+
+# %% ../nbs/10_images.ipynb #1ad2bae4
+def _image_id(client, tag: str) -> str | None:
+    "The id of the image `tag` names, or `None` when there is none."
+    try: return client.images.get(tag).id
+    except Exception: return None
 
 # %% ../nbs/10_images.ipynb #725ac046
 def _drop(client, image_id: str | None, keep: str):
@@ -183,37 +241,19 @@ def build(path: str | Path = ".", # a project folder holding a Dockerfile, or `"
           log=print, # called with each line of the build log
          ) -> str:
     "Build the image of an environment, streaming the engine's log through `log`; the image's tag."
-    from openenv_nb.providers import docker_client, host_network
     client, tag, t0 = docker_client(), tag or default_tag(path), time.monotonic()
-    args = {k: str(v) for k, v in (build_args or {}).items()}
-    if base_image or os.environ.get("OPENENV_BASE_IMAGE"): args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
+    args, before = _build_args(base_image, build_args), _image_id(client, tag)
     if network is None and host_network(client): network = "host"
-    try: before = client.images.get(tag).id
-    except Exception: before = None
     with tempfile.TemporaryDirectory(prefix="openenv-build-") as ctx:
-        stage(path, ctx)
-        dockerfile = (Path(ctx) / "Dockerfile").read_text()
+        dockerfile = (stage(path, ctx) / "Dockerfile").read_text()
         for p in check_dockerfile(dockerfile): log(f"warning: {p}")
         log(f"building {tag} from {'the built-in ' + str(path) if is_builtin(path) else Path(path).resolve()}"
             + (f" on {args['BASE_IMAGE']}" if "BASE_IMAGE" in args else ""))
-        try:
-            chunks = client.api.build(path=ctx, tag=tag, buildargs=args, nocache=no_cache, network_mode=network, rm=True,
-                                      forcerm=True, decode=True, labels={"openenv-nb.built-by": "openenv build"})
-            follow_build(chunks, log, t0)
-        except ImageBuildError as e:
-            steps = [l for l in e.log if re.search(r"Step \d+/\d+ :", l)]
-            if steps and re.search(r"Step \d+/\d+ : FROM", steps[-1]):  # the base image is not here and cannot be pulled
-                default = re.search(r"^\s*ARG\s+BASE_IMAGE=(\S+)", dockerfile, re.M)
-                base = args.get("BASE_IMAGE") or (default.group(1) if default else steps[-1].split("FROM", 1)[1].strip())
-                raise ImageBuildError(f"{e}\n(base image {base}: there is no such image here and the engine could not pull it; "
-                                      "build one locally and pass --base-image or set OPENENV_BASE_IMAGE)", e.log) from None
-            raise
+        try: follow_build(client.api.build(path=ctx, tag=tag, buildargs=args, nocache=no_cache, network_mode=network, rm=True,
+                                           forcerm=True, decode=True, labels={"openenv-nb.built-by": "openenv build"}), log, t0)
+        except ImageBuildError as e: raise _pull_hint(e, dockerfile, args) from None
         except Exception as e: raise ImageBuildError(_engine_message(e)) from e
     image = client.images.get(tag)
     _drop(client, before, image.id)
     log(f"built {tag} ({image.id[7:19]}, {image.attrs.get('Size', 0) / 1e6:.0f} MB) in {time.monotonic() - t0:.1f} s")
     return tag
-
-def _engine_message(e: Exception) -> str:
-    "What the engine said, from a docker SDK exception."
-    return str(getattr(e, "explanation", None) or e)

@@ -51,10 +51,11 @@ class Manifest(BaseModel):
     @classmethod
     def _text(cls, v): return "" if v is None else str(v) if isinstance(v, (int, float)) else v
 
-    @property
-    def root(self) -> Path | None:
-        "The project folder the manifest was read from."
-        return self._root
+# %% ../nbs/11_manifest.ipynb #83f57fef
+@patch(as_prop=True)
+def root(self: Manifest) -> Path | None:
+    "The project folder the manifest was read from."
+    return self._root
 
 # %% ../nbs/11_manifest.ipynb #6e2cb07e
 def manifest_path(path: str | Path = "." # a project folder, or its `openenv.yaml`
@@ -63,9 +64,19 @@ def manifest_path(path: str | Path = "." # a project folder, or its `openenv.yam
     p = Path(path)
     return p if p.name == MANIFEST or p.is_file() else p / MANIFEST
 
+# %% ../nbs/11_manifest.ipynb #d9d9d9d3
 def _field_errors(e: ValidationError) -> str:
     "The errors of `e`, one `field: message` each."
     return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'manifest'}: {err['msg']}" for err in e.errors())
+
+# %% ../nbs/11_manifest.ipynb #6125d7e3
+def _read_yaml(p: Path) -> dict:
+    "The mapping that the YAML file `p` holds."
+    try: data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ManifestError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{p} must be a mapping of fields (name:, app:, ...), not {type(data).__name__}")
+    return data
 
 # %% ../nbs/11_manifest.ipynb #32d2c923
 def load_manifest(path: str | Path = "." # a project folder, or its `openenv.yaml`
@@ -74,14 +85,28 @@ def load_manifest(path: str | Path = "." # a project folder, or its `openenv.yam
     p = manifest_path(path)
     if not p.is_file():
         raise ManifestError(f"No {MANIFEST} in {p.parent}: not an environment project (start one with `openenv init NAME`)")
-    try: data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ManifestError(f"{p} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{p} must be a mapping of fields (name:, app:, ...), not {type(data).__name__}")
-    try: m = Manifest.model_validate(data)
+    try: m = Manifest.model_validate(_read_yaml(p))
     except ValidationError as e: raise ManifestError(f"{p}: {_field_errors(e)}") from None
     m._root = p.parent.resolve()
     return m
+
+# %% ../nbs/11_manifest.ipynb #aedb6013
+def _add_path(root: str | Path) -> bool:
+    "Put folder `root` first on `sys.path` unless it is there already; whether it was put there."
+    root = str(Path(root).resolve())
+    if root in sys.path: return False
+    sys.path.insert(0, root)
+    importlib.invalidate_caches()
+    return True
+
+# %% ../nbs/11_manifest.ipynb #8d58aa23
+def _getattrs(obj, attrs: str, ref: str) -> Any:
+    "The attribute that the dotted path `attrs` names under `obj`; `ref` names it in errors."
+    for part in attrs.split("."):
+        try: obj = getattr(obj, part)
+        except AttributeError:
+            raise ManifestError(f"{ref!r}: {getattr(obj, '__name__', ref.split(':')[0])!r} has no attribute {part!r}") from None
+    return obj
 
 # %% ../nbs/11_manifest.ipynb #bffacafe
 def import_ref(ref: str, # `"module:attribute"`, the attribute possibly dotted
@@ -89,25 +114,19 @@ def import_ref(ref: str, # `"module:attribute"`, the attribute possibly dotted
               ) -> Any:
     "The object `ref` names."
     if not REF_RE.match(ref): raise ManifestError(f"{ref!r} is not a `module:attribute` reference")
-    if root is not None and str(Path(root).resolve()) not in sys.path:
-        sys.path.insert(0, str(Path(root).resolve()))
-        importlib.invalidate_caches()
-    mod, attr = ref.split(":", 1)
+    if root is not None: _add_path(root)
+    mod, attrs = ref.split(":", 1)
     try: obj = importlib.import_module(mod)
     except Exception as e: raise ManifestError(f"Cannot import {mod!r} (from {ref!r}): {type(e).__name__}: {e}") from e
-    for part in attr.split("."):
-        try: obj = getattr(obj, part)
-        except AttributeError: raise ManifestError(f"{ref!r}: {getattr(obj, '__name__', mod)!r} has no attribute {part!r}") from None
-    return obj
+    return _getattrs(obj, attrs, ref)
 
 # %% ../nbs/11_manifest.ipynb #b6ac655d
 @contextlib.contextmanager
 def isolated_imports(root: str | Path # the project folder
                     ):
     "Inside the block, modules import from `root`; after it, none of them stays loaded."
-    root = str(Path(root).resolve())
-    before, added = set(sys.modules), root not in sys.path
-    if added: sys.path.insert(0, root); importlib.invalidate_caches()
+    root, before = str(Path(root).resolve()), set(sys.modules)
+    added = _add_path(root)
     try: yield
     finally:
         if added and root in sys.path: sys.path.remove(root)
@@ -125,12 +144,14 @@ def load(self: Manifest, field: str # `"app"`, `"action"` or `"observation"`
     try: return import_ref(ref, self.root)
     except ManifestError as e: raise ManifestError(f"{MANIFEST} `{field}`: {e}") from None
 
+# %% ../nbs/11_manifest.ipynb #cbda36a9
 @patch
 def readme(self: Manifest) -> str | None:
     "The project's README.md, if it has one."
     p = self.root / "README.md" if self.root else None
     return p.read_text(encoding="utf-8", errors="replace") if p and p.is_file() else None
 
+# %% ../nbs/11_manifest.ipynb #28f5b21f
 @patch
 def metadata(self: Manifest) -> EnvironmentMetadata:
     "What `/metadata` reports for this project."

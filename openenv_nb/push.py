@@ -6,9 +6,10 @@ Docs: https://openenv-nb.github.io/openenv-nb/push.html.md"""
 
 # %% auto #0
 __all__ = ['SPACE_LEFT_OUT', 'LOGIN_HELP', 'REPO_RE', 'PushError', 'front_matter', 'space_readme', 'space_dockerfile',
-           'stage_space', 'hub_user', 'listing', 'push']
+           'stage_space', 'listing', 'hub_user', 'push']
 
 # %% ../nbs/15_push.ipynb #b97c292e
+import contextlib
 import re
 import shutil
 import tempfile
@@ -16,13 +17,16 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from fastcore.meta import delegates
 
+from .images import LEFT_OUT, stage
 from .manifest import Manifest, load_manifest
 
 # %% ../nbs/15_push.ipynb #6ee9fa3d
 class PushError(RuntimeError):
     "A project could not be pushed; the message says why and what to do."
 
+# %% ../nbs/15_push.ipynb #79967901
 _FM = re.compile(r"\A---[ \t]*\r?\n(.*?\r?\n)?---[ \t]*(\r?\n|\Z)", re.S)
 
 def front_matter(text: str # a README
@@ -35,6 +39,18 @@ def front_matter(text: str # a README
     if not isinstance(data, dict): raise PushError("The README's front matter must be a mapping (key: value lines)")
     return data, text[m.end():]
 
+# %% ../nbs/15_push.ipynb #24ea7f1e
+def _title(name: str) -> str:
+    "A Space's title made from the project's `name`: its words, capitalised, in the Hub's 30 characters."
+    return " ".join(w[:1].upper() + w[1:] for w in re.split(r"[_-]+", name) if w)[:30]
+
+# %% ../nbs/15_push.ipynb #9bf5f5c2
+def _tags(tags, # the README's `tags`: a list, one tag, or `None`
+          *more: str, # tags to add
+         ) -> list:
+    "`tags` as a list, with `more` added, each once."
+    return list(dict.fromkeys([*(tags if isinstance(tags, list) else [tags] if tags else []), *more]))
+
 # %% ../nbs/15_push.ipynb #293cc163
 def space_readme(m: Manifest, # the project's manifest
                  text: str | None, # its README, if it has one
@@ -43,15 +59,20 @@ def space_readme(m: Manifest, # the project's manifest
     "The README of the Space: the project's, with front matter for a Docker Space."
     meta, body = front_matter(text or "")
     if not body.strip(): body = f"# {m.name}\n\n{m.description}\n"
-    title = " ".join(w[:1].upper() + w[1:] for w in re.split(r"[_-]+", m.name) if w)
-    fm = {"title": title[:30], "emoji": "🤖", "colorFrom": "blue", "colorTo": "indigo", **meta,
+    fm = {"title": _title(m.name), "emoji": "🤖", "colorFrom": "blue", "colorTo": "indigo", **meta,
           "sdk": "docker", "app_port": m.port, "pinned": meta.get("pinned", False)}
     if m.description and "short_description" not in fm: fm["short_description"] = m.description[:60]
     if interface: fm["base_path"] = "/web"
     else: fm.pop("base_path", None)
-    tags = fm.get("tags") or []
-    fm["tags"] = list(dict.fromkeys([*(tags if isinstance(tags, list) else [tags]), "openenv", "openenv-nb"]))
+    fm["tags"] = _tags(fm.get("tags"), "openenv", "openenv-nb")
     return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n\n" + body.lstrip("\n")
+
+# %% ../nbs/15_push.ipynb #cf07818d
+def _cmd_at(lines: list[str]) -> int:
+    "The index of the line where the Dockerfile's last `CMD` or `ENTRYPOINT` starts; the end when it has none."
+    at = max((i for i, l in enumerate(lines) if re.match(r"\s*(CMD|ENTRYPOINT)\b", l, re.I)), default=len(lines))
+    while at > 0 and lines[at - 1].rstrip().endswith("\\"): at -= 1  # not inside an instruction continued from above
+    return at
 
 # %% ../nbs/15_push.ipynb #31e5afa5
 def space_dockerfile(text: str, # the project's Dockerfile
@@ -65,8 +86,7 @@ def space_dockerfile(text: str, # the project's Dockerfile
         i = next((i for i, l in enumerate(lines) if re.match(r"\s*ARG\s+BASE_IMAGE\b", l, re.I)), None)
         if i is None: raise PushError("The Dockerfile has no `ARG BASE_IMAGE`, so --base-image cannot set it")
         lines[i] = f"ARG BASE_IMAGE={base_image}  # set by openenv push"
-    at = max((i for i, l in enumerate(lines) if re.match(r"\s*(CMD|ENTRYPOINT)\b", l, re.I)), default=len(lines))
-    while at > 0 and lines[at - 1].rstrip().endswith("\\"): at -= 1  # not inside an instruction continued from above
+    at = _cmd_at(lines)
     env = ["# set by openenv push: the port the Space routes to, and the web interface",
            f"ENV PORT={port} ENABLE_WEB_INTERFACE={'true' if interface else 'false'}"]
     return "\n".join(lines[:at] + env + lines[at:]) + "\n"
@@ -81,6 +101,19 @@ def _prune(dest: Path):
             if ".openenv" in p.relative_to(dest).parts: continue
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
+# %% ../nbs/15_push.ipynb #f1f019cf
+@contextlib.contextmanager
+def _project_source(root: Path # the project folder
+                   ):
+    "`root` if it has a Dockerfile; else a scratch copy of it with `server/Dockerfile` at the top, for the block."
+    if (root / "Dockerfile").is_file(): yield root; return
+    if not (root / "server" / "Dockerfile").is_file():
+        raise PushError(f"No Dockerfile in {root}: a Docker Space is built from one (`openenv init` makes projects with one)")
+    with tempfile.TemporaryDirectory(prefix="openenv-push-", ignore_cleanup_errors=True) as tmp:
+        shutil.copytree(root, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*LEFT_OUT))
+        shutil.copy(Path(tmp) / "server" / "Dockerfile", Path(tmp) / "Dockerfile")
+        yield Path(tmp)
+
 # %% ../nbs/15_push.ipynb #f76aca23
 def stage_space(m: Manifest, # the project's manifest (it knows the project's folder)
                 dest: str | Path, # an empty folder: the staged Space
@@ -88,23 +121,25 @@ def stage_space(m: Manifest, # the project's manifest (it knows the project's fo
                 base_image: str | None = None, # a new default base image
                ) -> list[Path]:
     "Lay out the Space of project `m` in `dest`; its files, sorted."
-    try: from openenv_nb.images import LEFT_OUT, stage
-    except ImportError as e: raise PushError(f"Staging a Space needs openenv-nb's Docker support (openenv_nb.images): {e}") from None
-    dest, src, tmp = Path(dest), m.root, None
-    if not (src / "Dockerfile").is_file():  # OpenEnv's layout keeps it in server/
-        if not (src / "server" / "Dockerfile").is_file():
-            raise PushError(f"No Dockerfile in {src}: a Docker Space is built from one (`openenv init` makes projects with one)")
-        tmp = src = Path(tempfile.mkdtemp(prefix="openenv-push-"))
-        shutil.copytree(m.root, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*LEFT_OUT))
-        shutil.copy(src / "server" / "Dockerfile", src / "Dockerfile")
-    try: stage(src, dest)
-    finally:
-        if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
+    dest = Path(dest)
+    with _project_source(m.root) as src: stage(src, dest)
     _prune(dest)
     df = dest / "Dockerfile"
     df.write_text(space_dockerfile(df.read_text(), m.port, interface, base_image))
     (dest / "README.md").write_text(space_readme(m, m.readme(), interface), encoding="utf-8")
     return sorted(p for p in dest.rglob("*") if p.is_file())
+
+# %% ../nbs/15_push.ipynb #3c6f88d1
+def _size(n: int) -> str:
+    "`n` bytes, for a person."
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+# %% ../nbs/15_push.ipynb #fada9606
+def listing(dest: Path, # the staged Space
+            files: list[Path], # its files
+           ) -> str:
+    "The staged files, one a line, with sizes."
+    return "\n".join(f"  {str(p.relative_to(dest)):<48} {_size(p.stat().st_size):>10}" for p in files)
 
 # %% ../nbs/15_push.ipynb #dd91ecf4
 LOGIN_HELP = ("log in once with `hf auth login` (or `huggingface-cli login`), or set HF_TOKEN to a token with write "
@@ -124,16 +159,47 @@ def hub_user(api, # a `huggingface_hub.HfApi`
     except Exception as e: raise PushError(f"Could not reach {api.endpoint}: {type(e).__name__}: {e}") from None  # httpx's errors are not OSErrors
     return who.get("name") or who.get("fullname") or "unknown"
 
-# %% ../nbs/15_push.ipynb #fada9606
-REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+# %% ../nbs/15_push.ipynb #7c5ab507
+REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")  # a Space's id: ORG/NAME
 
-def _size(n: int) -> str:
-    "`n` bytes, for a person."
-    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+# %% ../nbs/15_push.ipynb #c5193c68
+def _how(m: Manifest, private: bool, interface: bool) -> str:
+    "How the Space of `m` is set up, in words."
+    return f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface {'on' if interface else 'off'}"
 
-def listing(dest: Path, files: list[Path]) -> str:
-    "The staged files, one a line, with sizes."
-    return "\n".join(f"  {str(p.relative_to(dest)):<48} {_size(p.stat().st_size):>10}" for p in files)
+# %% ../nbs/15_push.ipynb #33d1b4c0
+@delegates(stage_space, but=["m", "dest"])
+def _dry_run(m: Manifest, repo_id: str | None, how: str, log: Callable, **kwargs) -> str:
+    "Stage the Space of `m` in a folder that stays, and say what a push would do; the folder."
+    dest = Path(tempfile.mkdtemp(prefix=f"openenv-push-{m.name}-"))
+    files = stage_space(m, dest, **kwargs)
+    log(f"Staged the Space of {m.name} {m.version} in {dest} ({len(files)} files, {_size(sum(p.stat().st_size for p in files))}):")
+    log(listing(dest, files))
+    log(f"Would create the Space {repo_id or 'YOUR-USERNAME/' + m.name} ({how}) and upload these files. "
+        "Nothing was uploaded (--dry-run).")
+    return str(dest)
+
+# %% ../nbs/15_push.ipynb #b9f2e6ab
+@delegates(stage_space, but=["m", "dest"])
+def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callable, **kwargs) -> str:
+    "Stage the Space of `m`, create `repo_id` if need be and upload it in one commit; the Space's URL."
+    with tempfile.TemporaryDirectory(prefix="openenv-push-") as d:
+        files = stage_space(m, d, **kwargs)
+        log(f"[2/4] staged {m.name} {m.version}: {len(files)} files, {_size(sum(p.stat().st_size for p in files))}")
+        try:
+            url = str(api.create_repo(repo_id, repo_type="space", space_sdk="docker", private=private, exist_ok=True))
+            log(f"[3/4] Space {repo_id} is ready ({how})")
+            log(f"[4/4] uploading to {repo_id}")
+            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space",
+                              commit_message=f"openenv push: {m.name} {m.version}")
+        except Exception as e:
+            raise PushError(f"Pushing to the Space {repo_id} failed: {type(e).__name__}: {e}") from None
+    return url
+
+# %% ../nbs/15_push.ipynb #1e5e73a9
+def _space_host(repo_id: str) -> str:
+    "Where the Hub serves the app of Space `repo_id`."
+    return f"https://{re.sub(r'[^a-z0-9-]', '-', repo_id.lower().replace('/', '-'))}.hf.space"
 
 # %% ../nbs/15_push.ipynb #09951807
 def push(path: str | Path = ".", # the project folder
@@ -147,33 +213,14 @@ def push(path: str | Path = ".", # the project folder
     "Deploy the project at `path` to a Hugging Face Space; the Space's URL (the staged folder's path, with `dry_run`)."
     m = load_manifest(path)
     if repo_id is not None and not REPO_RE.match(repo_id): raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
-    how = f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface {'on' if interface else 'off'}"
-    if dry_run:
-        dest = Path(tempfile.mkdtemp(prefix=f"openenv-push-{m.name}-"))
-        files = stage_space(m, dest, interface, base_image)
-        log(f"Staged the Space of {m.name} {m.version} in {dest} ({len(files)} files, {_size(sum(p.stat().st_size for p in files))}):")
-        log(listing(dest, files))
-        log(f"Would create the Space {repo_id or 'YOUR-USERNAME/' + m.name} ({how}) and upload these files. "
-            "Nothing was uploaded (--dry-run).")
-        return str(dest)
+    how, kw = _how(m, private, interface), dict(interface=interface, base_image=base_image)
+    if dry_run: return _dry_run(m, repo_id, how, log, **kw)
     from huggingface_hub import HfApi, get_token
     token = get_token()
     api = HfApi(token=token)
     log(f"[1/4] logging in to {api.endpoint}")
-    user = hub_user(api, token)
-    repo_id = repo_id or f"{user}/{m.name}"
-    with tempfile.TemporaryDirectory(prefix="openenv-push-") as d:
-        files = stage_space(m, d, interface, base_image)
-        log(f"[2/4] staged {m.name} {m.version}: {len(files)} files, {_size(sum(p.stat().st_size for p in files))}")
-        try:
-            url = str(api.create_repo(repo_id, repo_type="space", space_sdk="docker", private=private, exist_ok=True))
-            log(f"[3/4] Space {repo_id} is ready ({how})")
-            log(f"[4/4] uploading to {repo_id}")
-            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space",
-                              commit_message=f"openenv push: {m.name} {m.version}")
-        except Exception as e:
-            raise PushError(f"Pushing to the Space {repo_id} failed: {type(e).__name__}: {e}") from None
+    repo_id = repo_id or f"{hub_user(api, token)}/{m.name}"
+    url = _upload(api, m, repo_id, private, how, log, **kw)
     log(f"Pushed {m.name} {m.version} to {url}")
-    if api.endpoint.rstrip("/") == "https://huggingface.co":
-        log(f"  its server, once built: https://{re.sub(r'[^a-z0-9-]', '-', repo_id.lower().replace('/', '-'))}.hf.space")
+    if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {_space_host(repo_id)}")
     return url

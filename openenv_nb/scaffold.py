@@ -23,12 +23,14 @@ from textwrap import TextWrapper
 from typing import Callable
 
 from . import __version__
+from .images import project_dockerfile
 
 # %% ../nbs/12_scaffold.ipynb #176227de
 class ScaffoldError(ValueError):
     "A project cannot be made: a bad name or target; nothing was written."
 
-RESERVED = {"openenv", "openenv_nb", "test", "tests"}
+# %% ../nbs/12_scaffold.ipynb #ae1b1502
+RESERVED = {"openenv", "openenv_nb", "test", "tests"}  # names a project would shadow besides Python's own modules
 
 def check_name(name: str # the project's name, e.g. `"my_env"`
               ) -> str:
@@ -44,23 +46,29 @@ def check_name(name: str # the project's name, e.g. `"my_env"`
     return name
 
 # %% ../nbs/12_scaffold.ipynb #4e4be589
-def class_prefix(name: str) -> str:
+def class_prefix(name: str # a checked project name
+                ) -> str:
     "The stem of the project's class names."
     base = name[:-4] if name.endswith("_env") and len(name) > 4 else name
     return "".join(w[:1].upper() + w[1:] for w in base.split("_") if w)
 
-def placeholders(name: str) -> dict[str, str]:
+# %% ../nbs/12_scaffold.ipynb #d3024ea1
+def placeholders(name: str # a checked project name
+                ) -> dict[str, str]:
     "What each placeholder of the template becomes for project `name`."
     return {"__ENV_NAME__": name, "__ENV_CLASS__": class_prefix(name), "__env_class__": class_prefix(name).lower(),
             "__ENV_TITLE__": " ".join(w[:1].upper() + w[1:] for w in name.split("_") if w),
             "__OPENENV_NB_VERSION__": __version__}
 
 # %% ../nbs/12_scaffold.ipynb #59bc1c04
-def template_root(kind: str = "env"):
+def template_root(kind: str = "env" # the template's folder under `openenv_nb/templates`
+                 ):
     "The folder of template `kind`, as package data."
     return files("openenv_nb").joinpath("templates", kind)
 
-def template_files(kind: str = "env") -> dict[str, str]:
+# %% ../nbs/12_scaffold.ipynb #581de45b
+def template_files(kind: str = "env" # the template's folder under `openenv_nb/templates`
+                  ) -> dict[str, str]:
     "Every file of template `kind`: its path with placeholders, and its text."
     out, todo = {}, [(template_root(kind), "")]
     while todo:
@@ -71,33 +79,46 @@ def template_files(kind: str = "env") -> dict[str, str]:
     return dict(sorted(out.items()))
 
 # %% ../nbs/12_scaffold.ipynb #96d93deb
-def fill(text: str, subs: dict[str, str]) -> str:
+def fill(text: str, # a template file's text, or its path
+         subs: dict[str, str], # placeholder -> what it becomes
+        ) -> str:
     "`text` with every placeholder of `subs` replaced."
     for k, v in subs.items(): text = text.replace(k, v)
     return text
 
+# %% ../nbs/12_scaffold.ipynb #0d50ac41
+def _layout_modidx(text: str) -> str:
+    "A `_modidx.py` with its dict laid out as nbdev writes it."
+    head, _, d = text.partition("d = ")
+    return head + "d = " + pformat(ast.literal_eval(d), width=140, indent=2, compact=True) + "\n"
+
+# %% ../nbs/12_scaffold.ipynb #ee7840b1
 _ALL_RE = re.compile(r"^__all__ = (\[.*?\])$", re.M | re.S)
 
+def _layout_all(text: str) -> str:
+    "A module with its `__all__` wrapped as nbdev writes it."
+    if not (m := _ALL_RE.search(text)): return text
+    tw = TextWrapper(width=120, initial_indent="", subsequent_indent=" " * 11, break_long_words=False)
+    return text[:m.start(1)] + "\n".join(tw.wrap(str(ast.literal_eval(m.group(1))))) + text[m.end(1):]
+
+# %% ../nbs/12_scaffold.ipynb #d599b64b
 def reprint(fname: str, # the file's name
             text: str # its text, filled
            ) -> str:
     "`text` with the parts nbdev lays out by the lengths of names (`__all__`, the `_modidx` index) laid out again, as nbdev does."
-    if fname == "_modidx.py":
-        head, _, d = text.partition("d = ")
-        return head + "d = " + pformat(ast.literal_eval(d), width=140, indent=2, compact=True) + "\n"
-    if fname.endswith(".py") and (m := _ALL_RE.search(text)):
-        tw = TextWrapper(width=120, initial_indent="", subsequent_indent=" " * 11, break_long_words=False)
-        text = text[:m.start(1)] + "\n".join(tw.wrap(str(ast.literal_eval(m.group(1))))) + text[m.end(1):]
-    return text
+    if fname == "_modidx.py": return _layout_modidx(text)
+    return _layout_all(text) if fname.endswith(".py") else text
 
-def project_files(name: str) -> dict[str, str]:
+# %% ../nbs/12_scaffold.ipynb #a709452d
+def project_files(name: str # a checked project name
+                 ) -> dict[str, str]:
     "Every file of project `name`: its path and its text."
-    from openenv_nb.images import project_dockerfile
     subs = placeholders(name)
     out = {fill(re.sub(r"(^|/)__DOT__", r"\1.", rel), subs): fill(text, subs) for rel, text in template_files().items()}
     out["Dockerfile"] = project_dockerfile("/app")
     return {rel: reprint(Path(rel).name, text) for rel, text in sorted(out.items())}
 
+# %% ../nbs/12_scaffold.ipynb #2f4dd8ff
 def render(name: str, # a checked project name
            dest: Path, # an empty folder to write into
           ) -> list[Path]:
@@ -128,22 +149,27 @@ def _made_parents(parent: Path) -> list[Path]:
     parent.mkdir(parents=True, exist_ok=True)
     return missing
 
+# %% ../nbs/12_scaffold.ipynb #0d352197
+def _publish(tmp: Path, target: Path):
+    "Give `tmp` the mode of a new folder and rename it to `target`, taking the place of an empty folder there."
+    umask = os.umask(0); os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    if target.is_dir(): target.rmdir()
+    tmp.rename(target)
+
+# %% ../nbs/12_scaffold.ipynb #aad7ad2f
 def init_project(name: str, # the project's name: a package name, e.g. `"my_env"`
                  parent: str | Path = ".", # the folder to make the project in (made if missing)
                  log: Callable | None = print, # where progress goes
                 ) -> Path:
     "Make environment project `name` in `parent/name`; its path."
-    check_name(name)
-    target = Path(parent).resolve() / name
+    target = Path(parent).resolve() / check_name(name)
     _check_target(target)
     made = _made_parents(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
     try:
         written = render(name, tmp)
-        umask = os.umask(0); os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        if target.is_dir(): target.rmdir()
-        tmp.rename(target)
+        _publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in reversed(made): shutil.rmtree(p, ignore_errors=True)
@@ -152,17 +178,23 @@ def init_project(name: str, # the project's name: a package name, e.g. `"my_env"
     return target
 
 # %% ../nbs/12_scaffold.ipynb #4397f4b5
-def unfill(text: str, name: str) -> str:
+def unfill(text: str, # a file of project `name`
+           name: str, # the project's name
+          ) -> str:
     "`text` of project `name` with placeholders back in place of what they became."
     subs = placeholders(name)
     for k in ("__ENV_TITLE__", "__ENV_NAME__", "__ENV_CLASS__", "__env_class__"): text = text.replace(subs[k], k)
     return text
 
+# %% ../nbs/12_scaffold.ipynb #2e46d48e
 def update_template(proj: Path, # a project made by `init_project(name)`, then edited, cleaned and exported
                     name: str, # its name: one that appears nowhere in the template's text
                     paths: tuple = ("nbs/00_core.ipynb", "__ENV_NAME__/core.py", "__ENV_NAME__/_modidx.py"), # what to copy back
+                    root: str | Path | None = None, # the template folder; default the package's
                    ):
     "Copy the notebook and exported modules of `proj` back into the template."
-    root = Path(str(template_root()))
+    root = Path(root or str(template_root()))
     for rel in paths:
-        (root / f"{rel}.tmpl").write_text(unfill((Path(proj) / fill(rel, {"__ENV_NAME__": name})).read_text(), name))
+        text = unfill((Path(proj) / fill(rel, {"__ENV_NAME__": name})).read_text(), name)
+        (root / f"{rel}.tmpl").parent.mkdir(parents=True, exist_ok=True)
+        (root / f"{rel}.tmpl").write_text(text)

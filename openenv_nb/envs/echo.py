@@ -22,6 +22,7 @@ class EchoAction(Action):
     "A message to echo."
     message: str = Field(description="Text to send back")
 
+# %% ../../nbs/envs/echo.ipynb #5abeb537
 class EchoObservation(Observation):
     "The message, echoed."
     echoed_message: str = Field(default="", description="The message sent, unchanged")
@@ -52,10 +53,13 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
 # %% ../../nbs/envs/echo.ipynb #cf45998d
 @patch
 async def reset_async(self: EchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> EchoObservation:
+    "`reset`, run on the event loop: it never blocks."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
+# %% ../../nbs/envs/echo.ipynb #c75d8808
 @patch
 async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
+    "`step`, run on the event loop: it never blocks."
     return self.step(action, timeout_s=timeout_s, **kwargs)
 
 # %% ../../nbs/envs/echo.ipynb #813e0c59
@@ -63,5 +67,6 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
     "Client for the echo environment; `EchoEnv.from_local()` serves one on this machine."
     default_target = "echo"
 
+# %% ../../nbs/envs/echo.ipynb #716c6c5b
 class EchoHTTPEnv(HTTPEnvClient[EchoAction, EchoObservation, State]):
     "HTTP client for the echo environment."
