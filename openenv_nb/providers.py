@@ -29,17 +29,26 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastcore.basics import patch
+from fastcore.basics import patch, store_attr
+from fastcore.meta import delegates
 
 # %% ../nbs/04_providers.ipynb #3cf66d7d
 class ProviderError(RuntimeError):
     "A server could not be started; the message carries its last log lines."
 
+# %% ../nbs/04_providers.ipynb #b0709f02
 class Provider:
     "Starts one environment server and stops it."
     owns_url = True  # the URL is gone once stopped
-    def start(self) -> str: raise NotImplementedError
-    def stop(self): raise NotImplementedError
+
+    def start(self) -> str:
+        "Start the server (a no-op when it runs) and return its base URL once it answers."
+        raise NotImplementedError
+
+    def stop(self):
+        "Stop the server and what it started; safe to call twice."
+        raise NotImplementedError
+
     def __enter__(self): self.start(); return self
     def __exit__(self, *exc): self.stop()
 
@@ -74,13 +83,6 @@ def spawn(*args, **kwargs) -> subprocess.Popen:
     try: return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
     except RuntimeError: return subprocess.Popen(*args, **kwargs)  # the interpreter is shutting down
 
-# %% ../nbs/04_providers.ipynb #cc421447
-_live: "weakref.WeakSet[LocalProcessProvider]" = weakref.WeakSet()
-
-@atexit.register
-def _stop_all():
-    for p in list(_live): p.stop()
-
 # %% ../nbs/04_providers.ipynb #cabed249
 class LocalProcessProvider(Provider):
     "Serve an environment in a subprocess on a free loopback port."
@@ -92,25 +94,50 @@ class LocalProcessProvider(Provider):
                  env_vars: dict | None = None, # extra environment variables for the server
                  args: list[str] = (), # extra `openenv serve` arguments
                 ):
-        self.target, self.host, self.port, self.max_sessions = target, host, port, max_sessions
-        self.startup_timeout_s, self.env_vars, self.args = startup_timeout_s, dict(env_vars or {}), list(args)
-        self.proc: subprocess.Popen | None = None
-        self.base_url: str | None = None
-        self.log_path: Path | None = None
+        store_attr("target,host,port,max_sessions,startup_timeout_s")
+        self.env_vars, self.args = dict(env_vars or {}), list(args)
+        self.proc, self.base_url, self.log_path = None, None, None
 
-    def command(self) -> list[str]:
-        "The command line that starts the server."
-        return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host, "--port", str(self.port),
-                "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.args]
+# %% ../nbs/04_providers.ipynb #7fddc0b3
+@patch
+def command(self: LocalProcessProvider) -> list[str]:
+    "The command line that starts the server."
+    return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host, "--port", str(self.port),
+            "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.args]
 
-    def log_tail(self, n: int = 20) -> str:
-        "The last `n` lines the server wrote."
-        try: return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except (OSError, AttributeError): return ""
+# %% ../nbs/04_providers.ipynb #1da41c8f
+@patch
+def log_tail(self: LocalProcessProvider, n: int = 20 # how many lines
+            ) -> str:
+    "The last `n` lines the server wrote."
+    try: return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+    except (OSError, AttributeError): return ""
 
-# %% ../nbs/04_providers.ipynb #4a08cc01
+# %% ../nbs/04_providers.ipynb #cc421447
+_live: "weakref.WeakSet[LocalProcessProvider]" = weakref.WeakSet()
+
+@atexit.register
+def _stop_all():
+    for p in list(_live): p.stop()
+
+# %% ../nbs/04_providers.ipynb #c6b71800
 _ANNOUNCE = re.compile(r"serving on (http://\S+)")
 
+@patch
+def _wait_ready(self: LocalProcessProvider) -> str:
+    "Poll the log for the address, then `/health`, until ready, exited, or timed out."
+    deadline, url = time.monotonic() + self.startup_timeout_s, None
+    while time.monotonic() < deadline:
+        if self.proc.poll() is not None:
+            raise ProviderError(f"Server for {self.target!r} exited with code {self.proc.returncode} before it was "
+                                f"ready. Last log lines:\n{self.log_tail()}")
+        if url is None and (m := _ANNOUNCE.search(self.log_path.read_text(errors="replace"))): url = m.group(1)
+        if url is not None and healthy(url, timeout=0.5): return url
+        time.sleep(0.02)
+    raise ProviderError(f"Server for {self.target!r} was not healthy within {self.startup_timeout_s:g} s. "
+                        f"Last log lines:\n{self.log_tail()}")
+
+# %% ../nbs/04_providers.ipynb #4a08cc01
 @patch
 def start(self: LocalProcessProvider) -> str:
     "Start the server and wait until `/health` answers; return its base URL."
@@ -126,21 +153,6 @@ def start(self: LocalProcessProvider) -> str:
         self.stop()
         raise
     return self.base_url
-
-# %% ../nbs/04_providers.ipynb #c6b71800
-@patch
-def _wait_ready(self: LocalProcessProvider) -> str:
-    "Poll the log for the address, then `/health`, until ready, exited, or timed out."
-    deadline, url = time.monotonic() + self.startup_timeout_s, None
-    while time.monotonic() < deadline:
-        if self.proc.poll() is not None:
-            raise ProviderError(f"Server for {self.target!r} exited with code {self.proc.returncode} before it was "
-                                f"ready. Last log lines:\n{self.log_tail()}")
-        if url is None and (m := _ANNOUNCE.search(self.log_path.read_text(errors="replace"))): url = m.group(1)
-        if url is not None and healthy(url, timeout=0.5): return url
-        time.sleep(0.02)
-    raise ProviderError(f"Server for {self.target!r} was not healthy within {self.startup_timeout_s:g} s. "
-                        f"Last log lines:\n{self.log_tail()}")
 
 # %% ../nbs/04_providers.ipynb #e51e3850
 @patch
@@ -184,6 +196,7 @@ def _start_ticks(pid: int) -> str:
     try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError): return "?"
 
+# %% ../nbs/04_providers.ipynb #d00769d0
 def owner_id(pid: int | None = None # default: this process
             ) -> str:
     "The owner label of containers started by process `pid`."
@@ -206,7 +219,8 @@ def owner_alive(owner: str # an owner label
 # %% ../nbs/04_providers.ipynb #7eea876c
 _given, _ports_lock = set(), threading.Lock()
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1" # the address to find a port on
+             ) -> int:
     "A port free on `host` now, and not handed out already by this process."
     while True:
         with socket.socket() as s:
@@ -217,19 +231,14 @@ def free_port(host: str = "127.0.0.1") -> int:
                 _given.add(port)
                 return port
 
+# %% ../nbs/04_providers.ipynb #2bd1ce83
 _bridgeless: dict = {}
 
-def host_network(client) -> bool:
+def host_network(client # the docker SDK's client
+                ) -> bool:
     "Whether containers (and builds) must use the host's network: the engine has no `bridge` network."
     if id(client) not in _bridgeless: _bridgeless[id(client)] = not client.networks.list(names=["bridge"])
     return _bridgeless[id(client)]
-
-# %% ../nbs/04_providers.ipynb #36d76e5f
-_containers: set = set()  # providers whose container exists
-
-@atexit.register
-def _remove_all():
-    for p in list(_containers): p.stop(timeout_s=0)
 
 # %% ../nbs/04_providers.ipynb #58b94aef
 class DockerProvider(Provider):
@@ -247,20 +256,43 @@ class DockerProvider(Provider):
                  stop_timeout_s: float = 2.0, # grace between `SIGTERM` and `SIGKILL` when stopping
                  **run_kwargs # more options of the SDK's `containers.create` (`volumes`, `shm_size`, ...)
                 ):
-        self.image, self.max_sessions, self.env_vars, self.network = image, max_sessions, dict(env_vars or {}), network
-        self.port_wanted, self.cpus, self.mem_limit, self.labels = port, cpus, mem_limit, dict(labels or {})
-        self.command, self.startup_timeout_s, self.stop_timeout_s = command, startup_timeout_s, stop_timeout_s
-        self.run_kwargs, self.container, self.base_url, self.port, self._logs = run_kwargs, None, None, None, ""
-        self._stopping = threading.Lock()
+        store_attr("image,max_sessions,network,cpus,mem_limit,command,startup_timeout_s,stop_timeout_s,run_kwargs")
+        self.env_vars, self.labels, self.port_wanted = dict(env_vars or {}), dict(labels or {}), port
+        self.container, self.base_url, self.port, self._logs, self._stopping = None, None, None, "", threading.Lock()
 
-    def __hash__(self): return id(self)
-    def __repr__(self): return f"DockerProvider({self.image!r}, url={self.base_url!r})"
+# %% ../nbs/04_providers.ipynb #fb40acad
+@patch
+def __repr__(self: DockerProvider): return f"DockerProvider({self.image!r}, url={self.base_url!r})"
 
-    def log_tail(self, n: int = 20) -> str:
-        "The last `n` lines the container wrote (kept after it is removed)."
-        try: self._logs = self.container.logs(tail=n).decode(errors="replace").rstrip()
-        except Exception: pass
-        return self._logs
+# %% ../nbs/04_providers.ipynb #50113030
+@patch
+def log_tail(self: DockerProvider, n: int = 20 # how many lines
+            ) -> str:
+    "The last `n` lines the container wrote (kept after it is removed)."
+    try: self._logs = self.container.logs(tail=n).decode(errors="replace").rstrip()
+    except Exception: pass
+    return self._logs
+
+# %% ../nbs/04_providers.ipynb #36d76e5f
+_containers: set = set()  # providers whose container exists
+
+@atexit.register
+def _remove_all():
+    for p in list(_containers): p.stop(timeout_s=0)
+
+# %% ../nbs/04_providers.ipynb #bf6f0daf
+def cleanup(everything: bool = False, # remove every container of ours, not only orphans (other callers' too!)
+            client=None, # the docker SDK client; default `docker_client()`
+           ) -> list[str]:
+    "Remove our containers whose starting process has died; their names."
+    client = client or docker_client()
+    gone = []
+    for c in client.api.containers(all=True, filters={"label": LABEL}):
+        if everything or not owner_alive((c.get("Labels") or {}).get(OWNER_LABEL, "")):
+            with contextlib.suppress(Exception):
+                client.api.remove_container(c["Id"], force=True)
+                gone += [n.lstrip("/") for n in c.get("Names") or []]
+    return gone
 
 # %% ../nbs/04_providers.ipynb #20666c4d
 @patch
@@ -280,6 +312,43 @@ def _create(self: DockerProvider, client, host_net: bool):
     except docker.errors.APIError as e: why = f"Docker refused to create a container of {self.image!r}: {e.explanation or e}"
     _given.discard(self.port)
     raise ProviderError(why)
+
+# %% ../nbs/04_providers.ipynb #1ee71703
+@patch
+def _wait_ready(self: DockerProvider, c) -> str:
+    "Poll `/health` (and now and then the container's state) until ready, exited, or timed out."
+    deadline, check = time.monotonic() + self.startup_timeout_s, 0.0
+    while True:
+        if healthy(self.base_url, timeout=0.5): return self.base_url
+        now = time.monotonic()
+        if now >= check:
+            c.reload()
+            st = c.attrs.get("State", {})
+            if c.status in ("exited", "dead"):
+                why = " (killed: out of memory)" if st.get("OOMKilled") else ""
+                raise ProviderError(f"Container {c.name} of {self.image!r} exited with code {st.get('ExitCode')}{why} before it was ready")
+            check = now + 0.25
+        if now > deadline: raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within {self.startup_timeout_s:g} s")
+        time.sleep(0.02)
+
+# %% ../nbs/04_providers.ipynb #d39a1c77
+@patch
+def _run(self: DockerProvider, host_net: bool) -> str:
+    "Start the created container and wait for its server; on failure remove it and raise with its log."
+    import docker
+    c = self.container
+    try:
+        try: c.start()
+        except docker.errors.APIError as e: raise ProviderError(f"Docker could not start {self.image!r}: {e.explanation or e}") from None
+        if not host_net:
+            c.reload()
+            self.port = int(c.ports["8000/tcp"][0]["HostPort"])
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        return self._wait_ready(c)
+    except ProviderError as e:
+        tail = self.log_tail()
+        self.stop(timeout_s=0)
+        raise ProviderError(f"{e}. Last log lines of the container:\n{tail}" if tail else f"{e} (the container wrote nothing)") from None
 
 # %% ../nbs/04_providers.ipynb #52440de9
 _reaped = False
@@ -309,43 +378,6 @@ def start(self: DockerProvider) -> str:
             self.stop(timeout_s=0)
             raise
 
-# %% ../nbs/04_providers.ipynb #d39a1c77
-@patch
-def _run(self: DockerProvider, host_net: bool) -> str:
-    "Start the created container and wait for its server; on failure remove it and raise with its log."
-    import docker
-    c = self.container
-    try:
-        try: c.start()
-        except docker.errors.APIError as e: raise ProviderError(f"Docker could not start {self.image!r}: {e.explanation or e}") from None
-        if not host_net:
-            c.reload()
-            self.port = int(c.ports["8000/tcp"][0]["HostPort"])
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        return self._wait_ready(c)
-    except ProviderError as e:
-        tail = self.log_tail()
-        self.stop(timeout_s=0)
-        raise ProviderError(f"{e}. Last log lines of the container:\n{tail}" if tail else f"{e} (the container wrote nothing)") from None
-
-# %% ../nbs/04_providers.ipynb #1ee71703
-@patch
-def _wait_ready(self: DockerProvider, c) -> str:
-    "Poll `/health` (and now and then the container's state) until ready, exited, or timed out."
-    deadline, check = time.monotonic() + self.startup_timeout_s, 0.0
-    while True:
-        if healthy(self.base_url, timeout=0.5): return self.base_url
-        now = time.monotonic()
-        if now >= check:
-            c.reload()
-            st = c.attrs.get("State", {})
-            if c.status in ("exited", "dead"):
-                why = " (killed: out of memory)" if st.get("OOMKilled") else ""
-                raise ProviderError(f"Container {c.name} of {self.image!r} exited with code {st.get('ExitCode')}{why} before it was ready")
-            check = now + 0.25
-        if now > deadline: raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within {self.startup_timeout_s:g} s")
-        time.sleep(0.02)
-
 # %% ../nbs/04_providers.ipynb #1f4a0438
 @patch
 def stop(self: DockerProvider, timeout_s: float | None = None # grace before `SIGKILL`; default `stop_timeout_s`
@@ -361,45 +393,45 @@ def stop(self: DockerProvider, timeout_s: float | None = None # grace before `SI
             if grace > 0: c.stop(timeout=max(1, round(grace)))
         with contextlib.suppress(Exception): c.remove(force=True)
 
-# %% ../nbs/04_providers.ipynb #bf6f0daf
-def cleanup(everything: bool = False, # remove every container of ours, not only orphans (other callers' too!)
-            client=None, # the docker SDK client; default `docker_client()`
-           ) -> list[str]:
-    "Remove our containers whose starting process has died; their names."
-    client = client or docker_client()
-    gone = []
-    for c in client.api.containers(all=True, filters={"label": LABEL}):
-        if everything or not owner_alive((c.get("Labels") or {}).get(OWNER_LABEL, "")):
-            with contextlib.suppress(Exception):
-                client.api.remove_container(c["Id"], force=True)
-                gone += [n.lstrip("/") for n in c.get("Names") or []]
-    return gone
-
 # %% ../nbs/04_providers.ipynb #1fa4f22e
 class ServerPool:
-    "Several servers, started and stopped together, handing out clients."
+    "Several servers, started and stopped together, and handed out."
     def __init__(self, providers: list # providers, one per server
                 ):
         self.providers = list(providers)
         self._lock, self._free, self._waiters, self._next, self.started = threading.Lock(), deque(), deque(), 0, False
 
-    @classmethod
-    def docker(cls, image: str, size: int = 8, **kwargs) -> "ServerPool":
-        "`size` containers of `image` (`kwargs` go to each `DockerProvider`)."
-        return cls([DockerProvider(image, **kwargs) for _ in range(size)])
+# %% ../nbs/04_providers.ipynb #fe4e16f5
+@patch(cls_method=True)
+@delegates(DockerProvider)
+def docker(cls: ServerPool, image: str, # an image built by `openenv build`
+           size: int = 8, # how many containers
+           **kwargs) -> ServerPool:
+    "`size` containers of `image` (`kwargs` go to each `DockerProvider`)."
+    return cls([DockerProvider(image, **kwargs) for _ in range(size)])
 
-    @classmethod
-    def local(cls, target: str = "echo", size: int = 8, **kwargs) -> "ServerPool":
-        "`size` local server processes of `target` (`kwargs` go to each `LocalProcessProvider`)."
-        return cls([LocalProcessProvider(target, **kwargs) for _ in range(size)])
+# %% ../nbs/04_providers.ipynb #d5184d10
+@patch(cls_method=True)
+@delegates(LocalProcessProvider)
+def local(cls: ServerPool, target: str = "echo", # what each server serves
+          size: int = 8, # how many servers
+          **kwargs) -> ServerPool:
+    "`size` local server processes of `target` (`kwargs` go to each `LocalProcessProvider`)."
+    return cls([LocalProcessProvider(target, **kwargs) for _ in range(size)])
 
-    @property
-    def urls(self) -> list[str]:
-        "The servers' base URLs (a `VectorEnv` can take the pool itself as its URL source)."
-        return [p.base_url for p in self.providers]
+# %% ../nbs/04_providers.ipynb #10f22994
+@patch(as_prop=True)
+def urls(self: ServerPool) -> list[str]:
+    "The servers' base URLs (a `VectorEnv` can take the pool itself as its URL source)."
+    return [p.base_url for p in self.providers]
 
-    def __len__(self): return len(self.providers)
-    def __repr__(self): return f"ServerPool({len(self)} servers, urls={self.urls!r})"
+# %% ../nbs/04_providers.ipynb #8f3f56ff
+@patch
+def __len__(self: ServerPool): return len(self.providers)
+
+# %% ../nbs/04_providers.ipynb #cdc4cbbe
+@patch
+def __repr__(self: ServerPool): return f"ServerPool({len(self)} servers, urls={self.urls!r})"
 
 # %% ../nbs/04_providers.ipynb #5f257484
 @patch
@@ -413,18 +445,7 @@ def start(self: ServerPool) -> list[str]:
     with self._lock: self._free, self.started = deque(range(len(self))), True
     return self.urls
 
-@patch
-def stop(self: ServerPool):
-    "Stop every server at once; leases still waiting for a server fail."
-    with self._lock:
-        self.started, waiters, self._waiters, self._free = False, self._waiters, deque(), deque()
-    for fut in waiters:
-        if not fut.done(): fut.get_loop().call_soon_threadsafe(_fail, fut, ProviderError("The pool was stopped"))
-    with ThreadPoolExecutor(max(1, len(self))) as ex: list(ex.map(lambda p: p.stop(), self.providers))
-
-def _fail(fut, e):
-    if not fut.done(): fut.set_exception(e)
-
+# %% ../nbs/04_providers.ipynb #9bd68929
 @patch
 def restart(self: ServerPool, i: int # which server
            ) -> str:
@@ -432,31 +453,18 @@ def restart(self: ServerPool, i: int # which server
     self.providers[i].stop()
     return self.providers[i].start()
 
-# %% ../nbs/04_providers.ipynb #54dbcffd
-@patch
-def __enter__(self: ServerPool): self.start(); return self
-@patch
-def __exit__(self: ServerPool, *exc): self.stop()
-@patch
-async def __aenter__(self: ServerPool): await asyncio.to_thread(self.start); return self
-@patch
-async def __aexit__(self: ServerPool, *exc): await asyncio.to_thread(self.stop)
-
 # %% ../nbs/04_providers.ipynb #0542be5e
 @patch
-def client(self: ServerPool, cls=None, # an `EnvClient` class; default `GenericEnvClient`
-           **kwargs # passed to the client
-          ):
-    "A client (not yet connected) of the next server, in turn."
-    from openenv_nb.client import GenericEnvClient
+def next_url(self: ServerPool) -> str:
+    "The base URL of the next server, in turn."
     if not self.started: raise ProviderError("The pool is not started: `with pool:` or `pool.start()` first")
     with self._lock: i, self._next = self._next % len(self), self._next + 1
-    return (cls or GenericEnvClient)(self.urls[i], **kwargs)
+    return self.urls[i]
 
 # %% ../nbs/04_providers.ipynb #63c7e5b1
 @patch
-async def _take(self: ServerPool) -> int:
-    "The index of a free server, waiting for one."
+async def take(self: ServerPool) -> int:
+    "The index of a free server, which the caller holds until it `give`s it back; waits for one."
     if not self.started: raise ProviderError("The pool is not started: `async with pool:` or `pool.start()` first")
     with self._lock:
         if self._free: return self._free.popleft()
@@ -464,14 +472,16 @@ async def _take(self: ServerPool) -> int:
         self._waiters.append(fut)
     try: return await fut
     except asyncio.CancelledError:  # cancelled after a server was handed to it: hand that on
-        if fut.done() and not fut.cancelled() and fut.exception() is None: self._give(fut.result())
+        if fut.done() and not fut.cancelled() and fut.exception() is None: self.give(fut.result())
         raise
 
+# %% ../nbs/04_providers.ipynb #160b5eae
 @patch
-def _give(self: ServerPool, i: int):
-    "Hand server `i` to the longest waiter, or mark it free."
+def give(self: ServerPool, i: int # a server's index, from `take`
+        ):
+    "Hand server `i` back: to the longest waiter, or to the free ones."
     def hand(fut):
-        if fut.done(): self._give(i)  # its waiter was cancelled meanwhile
+        if fut.done(): self.give(i)  # its waiter was cancelled meanwhile
         else: fut.set_result(i)
     with self._lock:
         if not self.started: return
@@ -480,22 +490,33 @@ def _give(self: ServerPool, i: int):
             if not fut.done(): return fut.get_loop().call_soon_threadsafe(hand, fut)
         self._free.append(i)
 
-# %% ../nbs/04_providers.ipynb #ac24cb08
+# %% ../nbs/04_providers.ipynb #46385b67
+def _fail(fut, e):
+    "Set `e` on `fut` unless it is done already."
+    if not fut.done(): fut.set_exception(e)
+
+# %% ../nbs/04_providers.ipynb #4a252333
 @patch
-@contextlib.asynccontextmanager
-async def lease(self: ServerPool, cls=None, # an `EnvClient` class; default `GenericEnvClient`
-                **kwargs # passed to the client
-                ):
-    "A connected client of a server held by nobody else, until the block ends."
-    from openenv_nb.client import GenericEnvClient
-    from openenv_nb.types import EnvConnectionError
-    i = await self._take()
-    try:
-        env = (cls or GenericEnvClient)(self.urls[i], **kwargs)
-        try: await env.connect()
-        except EnvConnectionError:
-            env.base_url = await asyncio.to_thread(self.restart, i)
-            await env.connect()
-        try: yield env
-        finally: await env.close()
-    finally: self._give(i)
+def stop(self: ServerPool):
+    "Stop every server at once; takers still waiting for a server fail."
+    with self._lock:
+        self.started, waiters, self._waiters, self._free = False, self._waiters, deque(), deque()
+    for fut in waiters:
+        if not fut.done(): fut.get_loop().call_soon_threadsafe(_fail, fut, ProviderError("The pool was stopped"))
+    with ThreadPoolExecutor(max(1, len(self))) as ex: list(ex.map(lambda p: p.stop(), self.providers))
+
+# %% ../nbs/04_providers.ipynb #54dbcffd
+@patch
+def __enter__(self: ServerPool): self.start(); return self
+
+# %% ../nbs/04_providers.ipynb #5d684587
+@patch
+def __exit__(self: ServerPool, *exc): self.stop()
+
+# %% ../nbs/04_providers.ipynb #be34ca29
+@patch
+async def __aenter__(self: ServerPool): await asyncio.to_thread(self.start); return self
+
+# %% ../nbs/04_providers.ipynb #21edfc08
+@patch
+async def __aexit__(self: ServerPool, *exc): await asyncio.to_thread(self.stop)

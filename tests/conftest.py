@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from openenv_nb.providers import LocalProcessProvider
+from openenv_nb.providers import LocalProcessProvider, docker_client
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -55,7 +55,6 @@ def docker_engine():
     """A Docker SDK client to a running engine (else skip, or fail where required); sets the local base image when
     OPENENV_BASE_IMAGE is unset and one was built, since no registry can be reached here."""
     try:
-        from openenv_nb.providers import docker_client
         client = docker_client(); client.ping()
     except Exception as e: client, why = None, f"no Docker engine: {e} (start one with: bash ../shared/ci/docker-up.sh)"
     need("docker", client is not None, client is None and why)

@@ -1,11 +1,11 @@
 """Clients against real servers: the sync twin inside a running loop, dead servers, and no orphans."""
 import asyncio
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -24,15 +24,14 @@ def test_sync_client_inside_a_running_event_loop(echo_url):
     assert asyncio.run(inside()) == "in a loop"
 
 
-def test_a_killed_server_is_named_within_the_timeout():
+def test_a_killed_server_is_named_without_waiting_for_the_timeout():
+    "The dropped connection is the error (an `EnvConnectionError`), not the message timeout (an `EnvTimeoutError`)."
     p = LocalProcessProvider("echo"); url = p.start()
-    env = EchoEnv(url, message_timeout_s=5).sync()
+    env = EchoEnv(url, message_timeout_s=60).sync()
     try:
         env.reset()
         os.killpg(p.proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
         with pytest.raises(EnvConnectionError) as e: env.step(EchoAction(message="anyone?"))
-        assert time.monotonic() - t0 < 5
         assert url.replace("http", "ws") in str(e.value) and "closed during 'step'" in str(e.value)
         with pytest.raises(EnvConnectionError, match="Could not connect"): env.reset()
     finally:
@@ -45,9 +44,7 @@ def test_a_hung_server_times_out_with_its_url():
     try:
         env.reset()
         os.killpg(p.proc.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
         with pytest.raises(EnvTimeoutError, match="No reply to 'step' from ws://127.0.0.1"): env.step({"message": "x"})
-        assert time.monotonic() - t0 < 3
     finally:
         os.killpg(p.proc.pid, signal.SIGCONT)
         p.stop()
@@ -78,13 +75,11 @@ def test_no_orphan_when_the_caller_dies(how):
     pid = int(caller.stdout.readline())
     if how == "sigkill": caller.kill()
     caller.wait(30)
-    for _ in range(250):
-        try: os.kill(pid, 0)
-        except ProcessLookupError: break
-        try: os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError: pass
-        time.sleep(0.02)
-    else: pytest.fail(f"server {pid} outlived its caller ({how})")
+    try: fd = os.pidfd_open(pid)  # readable once the process has ended
+    except ProcessLookupError: return  # gone already
+    try: ended, _, _ = select.select([fd], [], [], 60)  # 60 s: a guard against hanging, not a timing
+    finally: os.close(fd)
+    assert ended, f"server {pid} outlived its caller ({how})"
 
 
 def test_a_server_that_cannot_start_leaves_nothing():
