@@ -1,7 +1,7 @@
 """Environments on Ray: throughput through the vector client, and how fast servers come up.
 
-A real two-node Ray cluster on this machine (`LocalCluster`: head 127.0.0.2, worker 127.0.0.3, started with
-`ray start` and stopped by process id), then, in one run:
+A real two-node Ray cluster on this machine (`LocalCluster`, the tests' cluster from `tests/ray_cluster.py`: head
+127.0.0.2, worker 127.0.0.3, started with `ray start` and stopped by process id), then, in one run:
 - aggregate echo environment-steps/s through `VectorEnv` for 64 and 256 environments over the same number of
   servers (default 4) placed by `RayProvider` on both nodes (process servers, the default, and thread servers),
   against the same servers started by the local-process provider; load from a separate process, medians of
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the test cluster (test support)
 from bench_core import cpu_seconds, noise_line, raise_nofile  # noqa: E402
 
 
@@ -120,7 +121,8 @@ def main():
     raise_nofile()
     import ray
     from openenv_nb.providers import ServerPool
-    from openenv_nb.ray import LocalCluster, RayProvider
+    from openenv_nb.ray import RayProvider
+    from ray_cluster import LocalCluster
 
     sizes, startups, m = [int(s) for s in a.sizes.split(",")], [int(s) for s in a.startup.split(",")], a.servers
     per = max(sizes) // m + 1

@@ -6,29 +6,26 @@ Docs: https://openenv-nb.github.io/openenv-nb/ray.html.md"""
 
 # %% auto #0
 __all__ = ['NODE_ID_LABEL', 'need_ray', 'url_for', 'ThreadServer', 'make_server', 'node_address', 'ServerHost', 'actor_options',
-           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor', 'health_of',
-           'process_tree', 'mentioning', 'kill_all', 'free_port', 'LocalCluster']
+           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor', 'health_of']
 
-# %% ../nbs/13_ray.ipynb #30839e50
+# %% ../nbs/13_ray.ipynb #2a75f96b
+import contextlib
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from fastcore.basics import patch, store_attr
 
-from .providers import LocalProcessProvider, Provider, ProviderError, healthy
+from .providers import DockerProvider, LocalProcessProvider, Provider, ProviderError, healthy
+from .server import serve_in_thread
+from .targets import TargetError, make_app
 
 # %% ../nbs/13_ray.ipynb #c6287f94
 def need_ray():
@@ -48,53 +45,35 @@ def url_for(host: str, # the address a server listens on
 # %% ../nbs/13_ray.ipynb #bbf89e4a
 class ThreadServer(Provider):
     "Serve an environment from a thread of this process, on a free port of `host`."
-    def __init__(self, target: str = "echo", # `"echo"`, `"module:factory"` or `"module:app"`
+    def __init__(self, target: str = "echo", # a target (see `targets`): `"echo"`, `"module:factory"`, `"module:app"`, ...
                  host: str = "127.0.0.1", # address to bind
                  max_sessions: int = 64, # concurrent sessions
                  session_timeout: float | None = 300.0, # idle seconds before a session is reaped
-                 startup_timeout_s: float = 30.0, # limit on the server starting
                 ):
-        self.target, self.host, self.max_sessions, self.session_timeout = target, host, max_sessions, session_timeout
-        self.startup_timeout_s, self.server, self.thread, self.base_url = startup_timeout_s, None, None, None
+        store_attr()
+        self.base_url, self._serving = None, None
 
     def __repr__(self): return f"ThreadServer({self.target!r}, url={self.base_url!r})"
 
 # %% ../nbs/13_ray.ipynb #02a1fb4a
 @patch
 def start(self: ThreadServer) -> str:
-    "Start the server in a daemon thread and wait until it listens; its base URL."
-    import uvicorn
-    from openenv_nb.cli import make_app
-    from openenv_nb.server import bind
-    if self.thread is not None and self.thread.is_alive(): return self.base_url
-    try: app = make_app(self.target, self.max_sessions, self.session_timeout)
-    except SystemExit as e: raise ProviderError(str(e)) from None  # the CLI's words for a target that cannot load
-    sock = bind(self.host, 0)
-    port = sock.getsockname()[1]
-    cfg = uvicorn.Config(app, log_level="warning", access_log=False, ws_max_size=16 << 20, ws_per_message_deflate=False,
-                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)  # as `serve`
-    self.server = uvicorn.Server(cfg)
-    self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"openenv-server-{port}")
-    self.thread.start()
-    deadline = time.monotonic() + self.startup_timeout_s
-    while not self.server.started:
-        if not self.thread.is_alive() or time.monotonic() > deadline:
-            self.stop(); sock.close()
-            raise ProviderError(f"Server for {self.target!r} did not start within {self.startup_timeout_s:g} s")
-        time.sleep(0.01)
-    self.base_url = url_for(self.host, port)
+    "Start the server in a daemon thread (`serve_in_thread`) and wait until it listens; its base URL."
+    if self._serving is not None: return self.base_url
+    try: app = make_app(self.target, max_sessions=self.max_sessions, session_timeout=self.session_timeout)
+    except TargetError as e: raise ProviderError(str(e)) from e
+    serving = contextlib.ExitStack()
+    try: url = serving.enter_context(serve_in_thread(app, host=self.host))
+    except RuntimeError as e: raise ProviderError(f"The server for {self.target!r} did not start: {e}") from e
+    self._serving, self.base_url = serving, url_for(self.host, int(url.rsplit(":", 1)[1]))
     return self.base_url
 
-# %% ../nbs/13_ray.ipynb #a461ff64
+# %% ../nbs/13_ray.ipynb #fa18e99f
 @patch
-def stop(self: ThreadServer, timeout_s: float = 7.0 # grace for open sessions to close
-        ):
-    "Stop the server: its sessions are closed; safe to call twice."
-    server, thread, self.server, self.thread, self.base_url = self.server, self.thread, None, None, None
-    if server is None: return
-    server.should_exit = True
-    thread.join(timeout_s)
-    if thread.is_alive(): server.force_exit = True; thread.join(2.0)
+def stop(self: ThreadServer):
+    "Stop the server, closing its sessions, and wait for its thread; safe to call twice."
+    serving, self._serving, self.base_url = self._serving, None, None
+    if serving is not None: serving.close()
 
 # %% ../nbs/13_ray.ipynb #d1b466da
 def make_server(backend, # `"process"`, `"thread"`, `"docker"` or a callable `host -> Provider`
@@ -113,10 +92,8 @@ def make_server(backend, # `"process"`, `"thread"`, `"docker"` or a callable `ho
         return LocalProcessProvider(target, host=host, max_sessions=max_sessions, env_vars=env_vars,
                                     args=["--session-timeout", str(session_timeout or 0)], **kwargs)
     if backend == "docker":
-        from openenv_nb import providers
-        if not hasattr(providers, "DockerProvider"): raise ProviderError("This openenv-nb has no DockerProvider")
-        return providers.DockerProvider(image or target, max_sessions=max_sessions, network="host",
-                                        env_vars={**(env_vars or {}), "HOST": "0.0.0.0"}, **kwargs)
+        return DockerProvider(image or target, max_sessions=max_sessions, network="host",
+                              env_vars={**(env_vars or {}), "HOST": "0.0.0.0"}, **kwargs)
     raise ValueError(f"Unknown backend {backend!r}: use 'process', 'thread', 'docker' or a callable")
 
 # %% ../nbs/13_ray.ipynb #b2fa0d98
@@ -136,21 +113,25 @@ class ServerHost:
                 ):
         self.target, self.backend, self.host, self.kwargs, self.server = target, backend, host, kwargs, None
 
-    def start(self) -> dict:
-        "Start the server; where it is: `url`, `node_ip`, `node_id`, `pid` (of the actor), `server_pid`, `container`."
-        ip, node_id = node_address()
-        bind_to = self.host or (ip if self.backend != "docker" else "0.0.0.0")
-        self.server = make_server(self.backend, self.target, bind_to, **self.kwargs)
-        port = urlsplit(self.server.start()).port
-        proc, box = getattr(self.server, "proc", None), getattr(self.server, "container", None)
-        return {"url": url_for(ip if bind_to in ("0.0.0.0", "::") else bind_to, port), "node_ip": ip, "node_id": node_id,
-                "pid": os.getpid(), "server_pid": proc.pid if proc is not None else os.getpid(),
-                "container": getattr(box, "name", None)}
+# %% ../nbs/13_ray.ipynb #7758fe9e
+@patch
+def start(self: ServerHost) -> dict:
+    "Start the server; where it is: `url`, `node_ip`, `node_id`, `pid` (of the actor), `server_pid`, `container`."
+    ip, node_id = node_address()
+    bind_to = self.host or (ip if self.backend != "docker" else "0.0.0.0")
+    self.server = make_server(self.backend, self.target, bind_to, **self.kwargs)
+    port = urlsplit(self.server.start()).port
+    proc, box = getattr(self.server, "proc", None), getattr(self.server, "container", None)
+    return {"url": url_for(ip if bind_to in ("0.0.0.0", "::") else bind_to, port), "node_ip": ip, "node_id": node_id,
+            "pid": os.getpid(), "server_pid": proc.pid if proc is not None else os.getpid(),
+            "container": getattr(box, "name", None)}
 
-    def stop(self):
-        "Stop the server (and its process or container)."
-        server, self.server = self.server, None
-        if server is not None: server.stop()
+# %% ../nbs/13_ray.ipynb #797f75d4
+@patch
+def stop(self: ServerHost):
+    "Stop the server (and its process or container)."
+    server, self.server = self.server, None
+    if server is not None: server.stop()
 
 # %% ../nbs/13_ray.ipynb #ed2a5e3a
 NODE_ID_LABEL = "ray.io/node-id"  # a label every Ray node has
@@ -191,6 +172,7 @@ def _amount(r: str, x: float) -> str:
     "`x` of resource `r` for a person: memory in GiB."
     return f"{x / 2**30:.3g} GiB" if r.endswith("memory") else f"{x:g}"
 
+# %% ../nbs/13_ray.ipynb #0553d36c
 def why_unplaceable(ask: dict, # what one server asks for, e.g. `{"CPU": 1, "env_node": 1}`
                     nodes: list[dict], # the cluster's nodes, as `ray.nodes()` gives them
                     selector: dict | None = None, # the servers' label selector
@@ -220,6 +202,7 @@ def why_unplaceable(ask: dict, # what one server asks for, e.g. `{"CPU": 1, "env
 class PlacementError(ProviderError):
     "Ray could not place the servers within the provider's timeout; the message names what is missing."
 
+# %% ../nbs/13_ray.ipynb #dcfad8c9
 @dataclass
 class RayServer:
     "One server of a `RayProvider`: where it runs now, and how often it was started again."
@@ -237,7 +220,7 @@ class RayServer:
 # %% ../nbs/13_ray.ipynb #a65c68c5
 class RayProvider:
     "`num_servers` environment servers placed on a Ray cluster, watched, and restarted elsewhere when they die."
-    def __init__(self, target: str = "echo", # `"echo"`, `"module:factory"`, `"module:app"` (importable on every node)
+    def __init__(self, target: str = "echo", # a target (see `targets`), loadable on every node
                  num_servers: int = 2, # how many servers
                  sessions_per_server: int = 64, # concurrent sessions (environments) per server
                  num_cpus: float = 1.0, # CPUs each server asks Ray for
@@ -281,15 +264,19 @@ class RayProvider:
 # %% ../nbs/13_ray.ipynb #3b6a5013
 @patch(as_prop=True)
 def ask(self: RayProvider) -> dict:
-    "The resources one server asks for."
+    "The resources one server asks for, as `why_unplaceable` reads them."
     return {k: v for k, v in {"CPU": self.num_cpus, "memory": self.memory, **(self.resources or {})}.items() if v}
 
+# %% ../nbs/13_ray.ipynb #608e42bd
 @patch
 def _options(self: RayProvider, avoid_node: str | None = None) -> dict:
+    "The options of one server's actor (see `actor_options`)."
     return actor_options(self.num_cpus, self.memory, self.resources, self.label_selector, self.spread, self.runtime_env, avoid_node)
 
+# %% ../nbs/13_ray.ipynb #492a4c1b
 @patch
 def _host_kwargs(self: RayProvider) -> dict:
+    "The arguments of one server's `ServerHost`."
     return dict(target=self.target, backend=self.backend, host=self.host, max_sessions=self.sessions_per_server,
                 session_timeout=self.session_timeout, image=self.image, env_vars=self.env_vars, **(self.server_options or {}))
 
@@ -309,6 +296,12 @@ def _connect(self: RayProvider):
     self._owns_ray = True
     return ray
 
+# %% ../nbs/13_ray.ipynb #7856173b
+@patch
+def _disconnect(self: RayProvider):
+    "Disconnect from Ray if this provider connected."
+    if self._owns_ray: need_ray().shutdown(); self._owns_ray = False
+
 # %% ../nbs/13_ray.ipynb #5128c60a
 _actor_class = None
 
@@ -318,7 +311,52 @@ def host_actor():
     if _actor_class is None: _actor_class = need_ray().remote(ServerHost)
     return _actor_class
 
-# %% ../nbs/13_ray.ipynb #652a3d45
+# %% ../nbs/13_ray.ipynb #4959793e
+def health_of(url: str, # a server's base URL
+              timeout: float = 2.0 # limit on the request
+             ) -> dict | None:
+    "The JSON that `url/health` answers, or `None` if it does not answer 200."
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url.rstrip("/") + "/health", timeout=timeout) as r:
+            return json.loads(r.read()) if r.status == 200 else None
+    except (OSError, ValueError): return None
+
+# %% ../nbs/13_ray.ipynb #2c244b53
+@patch
+def health(self: RayProvider) -> list[dict]:
+    "Each server now: `index`, `url`, `node_ip`, `restarts`, `healthy`, and what its `/health` said."
+    servers = list(self.servers)
+    with ThreadPoolExecutor(max(1, min(32, len(servers)))) as ex:
+        said = list(ex.map(lambda s: health_of(s.url, self.health_timeout_s), servers))
+    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts, "healthy": h is not None, **(h or {})}
+            for s, h in zip(servers, said)]
+
+# %% ../nbs/13_ray.ipynb #e1cf30bc
+@patch
+def _event(self: RayProvider, what: str):
+    "Record what happened, with the time."
+    with self._lock: self.events.append((time.time(), what))
+
+# %% ../nbs/13_ray.ipynb #0b8b76f2
+@patch
+def _watch(self: RayProvider):
+    "Check every server's health each `check_interval_s` until stopped."
+    with ThreadPoolExecutor(max(1, min(32, self.num_servers)), thread_name_prefix="openenv-ray-health") as ex:
+        while not self._stopping.wait(self.check_interval_s): self._check(ex)
+
+# %% ../nbs/13_ray.ipynb #2cb36591
+@patch
+def _check(self: RayProvider, ex: ThreadPoolExecutor):
+    "One round of health checks: count each server's failures in a row; hand a dead one to the restarter."
+    servers = [s for s in list(self.servers) if s.failures < self.failures_to_restart]
+    for s, ok in zip(servers, ex.map(lambda s: healthy(s.url, self.health_timeout_s), servers)):
+        s.failures = 0 if ok else s.failures + 1
+        if s.failures < self.failures_to_restart: continue
+        self._event(f"server {s.index} at {s.url} (node {s.node_ip}) failed {s.failures} health checks")
+        if self.restart and not self._stopping.is_set(): self._restarter.submit(self._restart, s)
+
+# %% ../nbs/13_ray.ipynb #1a877cef
 @patch
 def _place(self: RayProvider, actors: list, timeout_s: float):
     "Wait for Ray to place `actors`; a `PlacementError` naming what is missing if it cannot in time."
@@ -326,15 +364,48 @@ def _place(self: RayProvider, actors: list, timeout_s: float):
     refs = [a.__ray_ready__.remote() for a in actors]
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     ray.get(ready)  # an actor that failed to be created raises here
-    if pending:
-        try: available = ray._private.state.available_resources_per_node()
-        except Exception: available = None
-        why = why_unplaceable(self.ask, ray.nodes(), self.label_selector, available)
-        raise PlacementError(f"Ray placed {len(ready)} of {len(refs)} servers within {timeout_s:g} s: {why}. "
-                             f"(Each server asks for {self.ask}" + (f" on nodes labelled {self.label_selector}" if self.label_selector else "")
-                             + "; Ray would wait for such a node forever.)")
+    if not pending: return
+    try: available = ray._private.state.available_resources_per_node()
+    except Exception: available = None
+    why = why_unplaceable(self.ask, ray.nodes(), self.label_selector, available)
+    raise PlacementError(f"Ray placed {len(ready)} of {len(refs)} servers within {timeout_s:g} s: {why}. "
+                         f"(Each server asks for {self.ask}" + (f" on nodes labelled {self.label_selector}" if self.label_selector else "")
+                         + "; Ray would wait for such a node forever.)")
 
-# %% ../nbs/13_ray.ipynb #e442746c
+# %% ../nbs/13_ray.ipynb #6a6dc52c
+@patch
+def _kill(self: RayProvider, actors: list, grace_s: float = 5.0):
+    "Stop the servers of `actors` (within `grace_s`), kill the actors, and wait until Ray has them dead."
+    if not actors: return
+    ray = need_ray()
+    ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=grace_s)
+    for a in actors:
+        with contextlib.suppress(Exception): ray.kill(a, no_restart=True)
+    _wait_dead(actors)
+
+# %% ../nbs/13_ray.ipynb #590798b1
+def _wait_dead(actors: list, timeout_s: float = 10.0):
+    "Wait until Ray reports each of `actors` dead (at most `timeout_s`)."
+    ray, ids, deadline = need_ray(), [a._actor_id.hex() for a in actors], time.monotonic() + timeout_s
+    while ids and time.monotonic() < deadline:
+        try: ids = [i for i in ids if ray._private.state.actors(i).get("State") != "DEAD"]
+        except Exception: return  # an older Ray without this table: `ray.kill` has been sent
+        if ids: time.sleep(0.05)
+
+# %% ../nbs/13_ray.ipynb #2b9bf07d
+def _reach(infos: list[dict], # where the servers are, as `ServerHost.start` reports it
+           timeout_s: float = 10.0, # how long a server may stay out of reach
+          ):
+    "Wait until this process reaches every server in `infos`; a `ProviderError` for one it cannot."
+    deadline = time.monotonic() + timeout_s
+    for info in infos:
+        while not healthy(info["url"], timeout=1.0):
+            if time.monotonic() > deadline:
+                raise ProviderError(f"The server at {info['url']} is healthy on its node but cannot be reached from "
+                                    "here: run the trainer where it can reach the nodes' addresses")
+            time.sleep(0.1)
+
+# %% ../nbs/13_ray.ipynb #063604d1
 @patch
 def _launch(self: RayProvider, actors: list, timeout_s: float) -> list[dict]:
     "Start the placed actors' servers and wait until this process reaches them; where they are."
@@ -345,21 +416,25 @@ def _launch(self: RayProvider, actors: list, timeout_s: float) -> list[dict]:
     except ray.exceptions.RayTaskError as e:
         raise ProviderError(f"A server failed to start on its node: {e.cause if e.cause is not None else e}") from None
     except ray.exceptions.RayActorError as e: raise ProviderError(f"A server's actor died as it started: {e}") from None
-    deadline = time.monotonic() + 10.0
-    for info in infos:
-        while not healthy(info["url"], timeout=1.0):
-            if time.monotonic() > deadline:
-                raise ProviderError(f"The server at {info['url']} is healthy on its node but cannot be reached from "
-                                    "here: run the trainer where it can reach the nodes' addresses")
-            time.sleep(0.1)
+    _reach(infos)
     return infos
 
-# %% ../nbs/13_ray.ipynb #a7404d55
+# %% ../nbs/13_ray.ipynb #abe11549
+@patch
+def _begin(self: RayProvider, actors: list, infos: list[dict]):
+    "Take the started servers as this provider's, and start watching them."
+    self.servers = [RayServer(i, actor=a, **info) for i, (a, info) in enumerate(zip(actors, infos))]
+    self.urls[:] = [s.url for s in self.servers]
+    self._restarter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openenv-ray-restart")
+    self._watcher = threading.Thread(target=self._watch, daemon=True, name="openenv-ray-watch")
+    self._watcher.start()
+
+# %% ../nbs/13_ray.ipynb #8444779c
 @patch
 def start(self: RayProvider) -> list[str]:
     "Place the servers, start them, wait until all are healthy, and watch them; their URLs."
     if self.servers: return self.urls
-    ray = self._connect()
+    self._connect()
     self._stopping.clear()
     actors = []
     try:
@@ -370,33 +445,8 @@ def start(self: RayProvider) -> list[str]:
         self._kill(actors, grace_s=0 if isinstance(e, PlacementError) else 5.0)  # unplaced: nothing to stop gracefully
         self._disconnect()
         raise
-    self.servers = [RayServer(i, actor=a, **info) for i, (a, info) in enumerate(zip(actors, infos))]
-    self.urls[:] = [s.url for s in self.servers]
-    self._restarter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="openenv-ray-restart")
-    self._watcher = threading.Thread(target=self._watch, daemon=True, name="openenv-ray-watch")
-    self._watcher.start()
+    self._begin(actors, infos)
     return self.urls
-
-# %% ../nbs/13_ray.ipynb #15646155
-@patch
-def _kill(self: RayProvider, actors: list, grace_s: float = 5.0):
-    "Stop the servers of `actors` (within `grace_s`), kill the actors, and wait until Ray has them dead."
-    if not actors: return
-    ray = need_ray()
-    ray.wait([a.stop.remote() for a in actors], num_returns=len(actors), timeout=grace_s)
-    for a in actors:
-        try: ray.kill(a, no_restart=True)
-        except Exception: pass
-    ids, deadline = [a._actor_id.hex() for a in actors], time.monotonic() + 10.0
-    while ids and time.monotonic() < deadline:
-        try: ids = [i for i in ids if ray._private.state.actors(i).get("State") != "DEAD"]
-        except Exception: break  # an older Ray without this table: `ray.kill` has been sent
-        if ids: time.sleep(0.05)
-
-@patch
-def _disconnect(self: RayProvider):
-    "Disconnect from Ray if this provider connected."
-    if self._owns_ray: need_ray().shutdown(); self._owns_ray = False
 
 # %% ../nbs/13_ray.ipynb #515524c9
 @patch
@@ -413,51 +463,25 @@ def stop(self: RayProvider):
     self.urls[:] = []
     self._disconnect()
 
-# %% ../nbs/13_ray.ipynb #4959793e
-def health_of(url: str, # a server's base URL
-              timeout: float = 2.0 # limit on the request
-             ) -> dict | None:
-    "The JSON that `url/health` answers, or `None` if it does not answer 200."
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url.rstrip("/") + "/health", timeout=timeout) as r:
-            return json.loads(r.read()) if r.status == 200 else None
-    except (OSError, ValueError): return None
-
+# %% ../nbs/13_ray.ipynb #96d6562c
 @patch
-def health(self: RayProvider) -> list[dict]:
-    "Each server now: `index`, `url`, `node_ip`, `restarts`, `healthy`, and what its `/health` said."
-    servers = list(self.servers)
-    with ThreadPoolExecutor(max(1, min(32, len(servers)))) as ex:
-        said = list(ex.map(lambda s: health_of(s.url, self.health_timeout_s), servers))
-    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts, "healthy": h is not None, **(h or {})}
-            for s, h in zip(servers, said)]
+def _adopt(self: RayProvider, s: RayServer, actor, info: dict) -> bool:
+    "Make `actor`'s new server the one of `s`: its URL replaces the old in `urls`. `False` if `stop` took the actor."
+    with self._lock:
+        if actor not in self._pending: return False
+        self._pending.discard(actor)
+        old = s.url
+        for k, v in info.items(): setattr(s, k, v)
+        s.actor, s.restarts, s.failures = actor, s.restarts + 1, 0
+        self.urls[s.index] = s.url
+        self.events.append((time.time(), f"server {s.index} restarted: {old} -> {s.url} (node {s.node_ip})"))
+    return True
 
-# %% ../nbs/13_ray.ipynb #49a947f9
-@patch
-def _event(self: RayProvider, what: str):
-    "Record what happened, with the time."
-    with self._lock: self.events.append((time.time(), what))
-
-@patch
-def _watch(self: RayProvider):
-    "Check every server's health until stopped; hand the dead ones to the restarter."
-    with ThreadPoolExecutor(max(1, min(32, self.num_servers)), thread_name_prefix="openenv-ray-health") as ex:
-        while not self._stopping.wait(self.check_interval_s):
-            servers = [s for s in list(self.servers) if s.failures < self.failures_to_restart]
-            for s, ok in zip(servers, ex.map(lambda s: healthy(s.url, self.health_timeout_s), servers)):
-                s.failures = 0 if ok else s.failures + 1
-                if s.failures >= self.failures_to_restart:
-                    self._event(f"server {s.index} at {s.url} (node {s.node_ip}) failed {s.failures} health checks")
-                    if self.restart and not self._stopping.is_set(): self._restarter.submit(self._restart, s)
-
-# %% ../nbs/13_ray.ipynb #1f9fd888
+# %% ../nbs/13_ray.ipynb #4d19a0aa
 @patch
 def _restart(self: RayProvider, s: RayServer):
     "Replace dead server `s` with a new one, away from its node if possible; its URL in `urls` changes when ready."
-    ray = need_ray()
-    try: ray.kill(s.actor, no_restart=True)
-    except Exception: pass
+    with contextlib.suppress(Exception): need_ray().kill(s.actor, no_restart=True)
     while not self._stopping.is_set():
         with self._lock:
             if self._stopping.is_set(): return
@@ -472,140 +496,5 @@ def _restart(self: RayProvider, s: RayServer):
             self._kill([actor], grace_s=0)
             self._stopping.wait(self.check_interval_s)
             continue
-        with self._lock:
-            if actor not in self._pending: return  # `stop` took it
-            self._pending.discard(actor)
-            old = s.url
-            for k, v in info.items(): setattr(s, k, v)
-            s.actor = actor
-            s.restarts, s.failures = s.restarts + 1, 0
-            self.urls[s.index] = s.url
-            self.events.append((time.time(), f"server {s.index} restarted: {old} -> {s.url} (node {s.node_ip})"))
+        self._adopt(s, actor, info)
         return
-
-# %% ../nbs/13_ray.ipynb #c2ea8050
-def _children() -> dict[int, list[int]]:
-    "Every process's children, from `/proc`."
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit(): continue
-        try: ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError): continue
-        kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-def process_tree(pid: int # the root
-                ) -> list[int]:
-    "`pid` and all its descendants (Linux)."
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop(); out.append(p); todo += kids.get(p, [])
-    return out
-
-def mentioning(text: str # e.g. a directory only our processes were started with
-              ) -> list[int]:
-    "Processes whose command line contains `text`."
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid(): continue
-        try:
-            if text in Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"): out.append(int(d))
-        except OSError: continue
-    return out
-
-def kill_all(pids: list[int], sig: int = signal.SIGKILL):
-    "Send `sig` to each of `pids` that still runs."
-    for p in pids:
-        try: os.kill(p, sig)
-        except (ProcessLookupError, PermissionError): pass
-
-# %% ../nbs/13_ray.ipynb #1b909514
-def free_port(host: str) -> int:
-    "A port free on `host` now."
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-class LocalCluster:
-    "A Ray cluster of several nodes on this machine, each on its own loopback address."
-    def __init__(self, nodes: int = 2, # the head and `nodes - 1` workers
-                 num_cpus: float = 4, # logical CPUs of each node
-                 resources: list[dict] | None = None, # custom resources per node
-                 labels: list[dict] | None = None, # node labels per node
-                 first_ip: str = "127.0.0.2", # the head's address; the workers' follow
-                 startup_timeout_s: float = 120.0, # limit on each node starting
-                ):
-        base = first_ip.rsplit(".", 1)
-        self.ips = [f"{base[0]}.{int(base[1]) + i}" for i in range(nodes)]
-        self.num_cpus, self.startup_timeout_s = num_cpus, startup_timeout_s
-        self.resources, self.labels = list(resources or [{}] * nodes), list(labels or [{}] * nodes)
-        self.procs: list[subprocess.Popen | None] = []
-        self.dir, self.address = None, None
-
-    def __repr__(self): return f"LocalCluster({self.address!r}, nodes={self.ips})"
-    def __enter__(self): self.start(); return self
-    def __exit__(self, *exc): self.stop()
-
-# %% ../nbs/13_ray.ipynb #b093617e
-@patch
-def _node(self: LocalCluster, i: int) -> subprocess.Popen:
-    "Start node `i` with `ray start --block` (the head for `0`) and wait until it says it runs."
-    args = ["--block", "--node-ip-address", self.ips[i], "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
-            "--object-store-memory", str(100 * 2**20), "--include-log-monitor", "false"]
-    if self.resources[i]: args += ["--resources", json.dumps(self.resources[i])]
-    if self.labels[i]: args += ["--labels", ",".join(f"{k}={v}" for k, v in self.labels[i].items())]
-    if i == 0:
-        port = free_port(self.ips[0])
-        args += ["--head", "--port", str(port), "--include-dashboard", "false", "--temp-dir", self.dir,
-                 "--dashboard-port", str(free_port(self.ips[0]))]
-        self.address = f"{self.ips[0]}:{port}"
-    else: args += ["--address", self.address]
-    log = Path(self.dir) / f"node-{i}.log"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    with open(log, "wb") as out:
-        p = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", *args], stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + self.startup_timeout_s
-    while "Ray runtime started" not in log.read_text(errors="replace"):
-        if p.poll() is not None or time.monotonic() > deadline:
-            kill_all(process_tree(p.pid))
-            raise ProviderError(f"Ray node {self.ips[i]} did not start:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
-        time.sleep(0.1)
-    return p
-
-# %% ../nbs/13_ray.ipynb #a78ee278
-@patch
-def start(self: LocalCluster) -> str:
-    "Start the head, then the workers; the head's address (for `RayProvider(address=...)`)."
-    if self.procs: return self.address
-    self.dir = tempfile.mkdtemp(prefix="oe-ray-", dir="/tmp")  # short: Ray's socket paths live under it
-    try:
-        for i in range(len(self.ips)): self.procs.append(self._node(i))
-    except BaseException:
-        self.stop(); raise
-    return self.address
-
-@patch
-def kill_node(self: LocalCluster, i: int # which node (`0` is the head)
-             ) -> list[int]:
-    "Kill node `i`'s processes at once (SIGKILL), as a machine that dies; their ids."
-    p = self.procs[i]
-    if p is None: return []
-    pids = process_tree(p.pid)
-    kill_all(pids)
-    p.wait()
-    self.procs[i] = None
-    return pids
-
-@patch
-def stop(self: LocalCluster):
-    "Kill every process of this cluster, by id, and remove its directory."
-    for i in reversed(range(len(self.procs))): self.kill_node(i)
-    if self.dir:
-        for _ in range(3):
-            left = mentioning(self.dir)  # workers whose node went before them: they name our directory
-            if not left: break
-            kill_all(left); time.sleep(0.2)
-        import shutil
-        shutil.rmtree(self.dir, ignore_errors=True)
-    self.procs, self.dir, self.address = [], None, None

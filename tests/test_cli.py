@@ -70,6 +70,7 @@ def test_the_authors_path(tmp_path):
     assert r.returncode == 0 and "Created maze_env" in r.stdout and "MazeEnvironment" in r.stdout, r.stdout + r.stderr
     r = openenv("validate", "maze_env", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith("PASSED"), r.stdout
+    assert r.stderr.startswith("openenv: importing the code of project maze_env from "), r.stderr  # said before it imports
     with serving("maze_env", "--port", "0", cwd=tmp_path) as url:
         r = openenv("validate", "--url", url)
         assert r.returncode == 0 and r.stdout.splitlines()[-1] == "PASSED: 10 of 10 required checks", r.stdout
@@ -141,6 +142,31 @@ def test_serve_explains_bad_targets(tmp_path):
                         ("openenv_nb.envs.echo:Nope", "has no attribute 'Nope'")]:
         r = openenv("serve", target, "--port", "0", cwd=tmp_path, timeout=60)
         assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (target, r.stderr)
+
+
+def test_a_builtin_name_that_is_also_a_project_here_is_refused(tmp_path):
+    """`echo` with an ./echo project: neither is the obvious meaning, so both are named, and how to say each."""
+    (tmp_path / "echo").mkdir(); (tmp_path / "echo" / "openenv.yaml").write_text("name: my_echo\napp: nowhere.mod:Env\n")
+    r = openenv("serve", "echo", "--port", "0", cwd=tmp_path, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "'echo' names both the built-in environment and the project here (echo/openenv.yaml)" in r.stderr, r.stderr
+    assert "say ./echo for the project, or openenv_nb.envs.echo:EchoEnvironment for the built-in" in r.stderr
+    r = openenv("serve", "./echo", "--port", "0", cwd=tmp_path, timeout=60)  # the project, named as the message says
+    assert r.returncode == 1 and "Cannot import 'nowhere.mod'" in r.stderr, r.stderr
+
+
+def test_validate_says_it_will_import_the_project_before_it_does(tmp_path):
+    """The project's code runs when imported, so the line comes first; a folder without a manifest imports nothing."""
+    (tmp_path / "loud").mkdir()
+    (tmp_path / "loud" / "openenv.yaml").write_text("name: loud\napp: loud_env:Env\n")
+    (tmp_path / "loud" / "loud_env.py").write_text("import sys\nprint('loud_env imported', file=sys.stderr, flush=True)\n")
+    r = openenv("validate", "loud", "--json", cwd=tmp_path)
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("openenv: importing the code of project loud from ") and "(loud_env:Env" in lines[0], r.stderr
+    assert lines[1] == "loud_env imported", r.stderr
+    assert json.loads(r.stdout)["summary"]["failed_criteria"][0] == "app_importable"  # stdout stays JSON
+    r = openenv("validate", str(tmp_path))
+    assert "importing" not in r.stderr and r.returncode == 1
 
 
 def test_validate_a_broken_project(tmp_path):

@@ -62,7 +62,7 @@ def test_installed_wheel_works(venv):
 
 
 def test_installed_web_page_is_served(venv):
-    code = ("from fastapi.testclient import TestClient; from openenv_nb.cli import make_app; "
+    code = ("from fastapi.testclient import TestClient; from openenv_nb.targets import make_app; "
             "c = TestClient(make_app('echo', web=True)); r = c.get('/web'); print(r.status_code, 'message' in r.text)")
     r = run(venv, "python", "-c", code)
     assert r.stdout.split() == ["200", "True"], r.stdout + r.stderr

@@ -1,17 +1,18 @@
 """Environments on Ray: a real two-node cluster on this machine (head 127.0.0.2, worker 127.0.0.3), started with
-`ray start` by `LocalCluster` and stopped by process id (never `ray stop`)."""
+`ray start` by `LocalCluster` (test support, in `ray_cluster.py`) and stopped by process id (never `ray stop`)."""
 import os
+import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from openenv_nb.envs.echo import EchoAction, EchoObservation
 from openenv_nb.providers import ProviderError, healthy
-from openenv_nb.ray import LocalCluster, PlacementError, RayProvider, mentioning, process_tree
+from openenv_nb.ray import PlacementError, RayProvider
 from openenv_nb.types import EnvConnectionError, State
 from openenv_nb.vector import VectorEnv
 from conftest import need
+from ray_cluster import LocalCluster, gone, kill_all, mentioning, process_tree, running
 
 try:
     import ray
@@ -37,24 +38,29 @@ def cluster():
     assert mentioning(d) == [], "processes of the test cluster left behind"
 
 
+def wait_for(cond, within_s: float) -> bool:
+    """Whether `cond()` holds within `within_s`, checked as the provider's watcher changes things."""
+    deadline = time.monotonic() + within_s
+    while not cond():
+        if time.monotonic() > deadline: return False
+        time.sleep(0.05)
+    return True
+
+
 def provider(cluster, **kw) -> RayProvider:
     """A provider on the test cluster: small servers (half a CPU), checked often."""
     return RayProvider(**{"num_cpus": 0.5, "address": cluster.address, "check_interval_s": 0.5, **kw})
 
 
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError: return False
-
-
-def gone(pids, within_s: float = 10.0) -> bool:
-    """Whether every process in `pids` has exited within `within_s`."""
-    deadline = time.monotonic() + within_s
-    while any(running(p) for p in pids):
-        if time.monotonic() > deadline: return False
-        time.sleep(0.1)
-    return True
+def test_the_cluster_helpers_find_and_end_a_process_tree():
+    """`process_tree` and `kill_all`, which `LocalCluster` relies on to leave nothing behind."""
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & echo started; wait"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "started\n"  # both sleeps are forked before the echo runs
+    tree = process_tree(child.pid)
+    assert len(tree) == 3 and tree[0] == child.pid and child.pid in mentioning("sleep 60 & sleep 60")
+    kill_all(tree)
+    child.wait(); child.stdout.close()
+    assert gone(tree), f"left: {[p for p in tree if running(p)]}"
 
 
 def test_servers_on_both_nodes_run_an_episode_and_leave_nothing(cluster):
@@ -93,11 +99,11 @@ def test_labels_place_servers_and_thread_servers_leave_nothing(cluster):
     (dict(num_cpus=16), "each server asks for CPU 16, and the largest node has 4"),
 ], ids=["resource", "label", "cpus"])
 def test_impossible_placement_hits_our_timeout(cluster, ask, says):
-    t0 = time.monotonic()
+    """Ray would wait forever; the provider gives up after its own limit (pytest's timeout guards the rest)."""
     with pytest.raises(PlacementError, match="Ray placed 0 of 2 servers within 2 s") as e:
         provider(cluster, num_servers=2, placement_timeout_s=2, **ask).start()
     assert says in str(e.value)
-    assert time.monotonic() - t0 < 20 and not ray.is_initialized()
+    assert not ray.is_initialized()
 
 
 def test_a_server_that_cannot_start_says_why(cluster):
@@ -147,18 +153,17 @@ def test_killing_the_worker_node_fails_its_episodes_and_moves_its_servers(cluste
             lost = [i for i in range(8) if i // 2 in on_worker]
             t0 = time.monotonic()
             cluster.kill_node(1)
-            r = venv.step([EchoAction(message="hi")] * 8)
+            r = venv.step([EchoAction(message="hi")] * 8)  # the dropped connections fail it (how fast: printed below)
             failed_in = time.monotonic() - t0
-            assert failed_in < 5, f"episodes on the dead node took {failed_in:.1f} s to fail"
             assert [i for i, e in enumerate(r.errors) if e is not None] == lost
             for i in lost:
                 assert isinstance(r.errors[i], EnvConnectionError)
                 assert str(r.errors[i]).startswith(f"Environment {i} lost its episode: ")
+                assert "keepalive ping timeout" not in str(r.errors[i])  # failed by the drop, not after a ping timed out
             assert all(r.observations[i].echoed_message == "hi" for i in range(8) if i not in lost)  # the others go on
 
-            while any(rp.urls[k] == old[k] for k in on_worker):
-                assert time.monotonic() - t0 < 30, f"no new URL within 30 s; events: {rp.events}"
-                time.sleep(0.1)
+            moved = lambda: all(rp.urls[k] != old[k] for k in on_worker)
+            assert wait_for(moved, 60), f"no new URLs; events: {rp.events}"  # a deadline for a hang, not a timing
             print(f"failed in {failed_in:.2f} s; new URLs after {time.monotonic() - t0:.1f} s")
             assert all(rp.servers[k].node_ip == HEAD and rp.servers[k].restarts == 1 for k in on_worker)
             assert [rp.urls[k] for k in range(4) if k not in on_worker] == [old[k] for k in range(4) if k not in on_worker]
