@@ -9,8 +9,9 @@ __all__ = ['SPACE_LEFT_OUT', 'LOGIN_HELP', 'REPO_RE', 'PushError', 'front_matter
            'stage_space', 'listing', 'hub_user', 'push']
 
 # %% ../nbs/15_push.ipynb #b97c292e
-import contextlib
+import os
 import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Callable
 import yaml
 from fastcore.meta import delegates
 
-from .images import LEFT_OUT, stage
+from .images import stage
 from .manifest import Manifest, load_manifest
 
 # %% ../nbs/15_push.ipynb #6ee9fa3d
@@ -54,7 +55,7 @@ def _tags(tags, # the README's `tags`: a list, one tag, or `None`
 # %% ../nbs/15_push.ipynb #293cc163
 def space_readme(m: Manifest, # the project's manifest
                  text: str | None, # its README, if it has one
-                 interface: bool = True, # whether the Space serves the web interface
+                 web: bool = False, # whether the Space serves the web interface
                 ) -> str:
     "The README of the Space: the project's, with front matter for a Docker Space."
     meta, body = front_matter(text or "")
@@ -62,7 +63,7 @@ def space_readme(m: Manifest, # the project's manifest
     fm = {"title": _title(m.name), "emoji": "🤖", "colorFrom": "blue", "colorTo": "indigo", **meta,
           "sdk": "docker", "app_port": m.port, "pinned": meta.get("pinned", False)}
     if m.description and "short_description" not in fm: fm["short_description"] = m.description[:60]
-    if interface: fm["base_path"] = "/web"
+    if web: fm["base_path"] = "/web"
     else: fm.pop("base_path", None)
     fm["tags"] = _tags(fm.get("tags"), "openenv", "openenv-nb")
     return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n\n" + body.lstrip("\n")
@@ -77,7 +78,7 @@ def _cmd_at(lines: list[str]) -> int:
 # %% ../nbs/15_push.ipynb #31e5afa5
 def space_dockerfile(text: str, # the project's Dockerfile
                      port: int = 8000, # the port the Space sends traffic to
-                     interface: bool = True, # serve the web interface at `/web`
+                     web: bool = False, # serve the web interface at `/web`
                      base_image: str | None = None, # a new default for `ARG BASE_IMAGE`
                     ) -> str:
     "The Dockerfile of the Space: `text`, set to listen on `port` and to serve the web interface or not."
@@ -88,7 +89,7 @@ def space_dockerfile(text: str, # the project's Dockerfile
         lines[i] = f"ARG BASE_IMAGE={base_image}  # set by openenv push"
     at = _cmd_at(lines)
     env = ["# set by openenv push: the port the Space routes to, and the web interface",
-           f"ENV PORT={port} ENABLE_WEB_INTERFACE={'true' if interface else 'false'}"]
+           f"ENV PORT={port} ENABLE_WEB_INTERFACE={'true' if web else 'false'}"]
     return "\n".join(lines[:at] + env + lines[at:]) + "\n"
 
 # %% ../nbs/15_push.ipynb #a150dabd
@@ -101,32 +102,22 @@ def _prune(dest: Path):
             if ".openenv" in p.relative_to(dest).parts: continue
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
-# %% ../nbs/15_push.ipynb #f1f019cf
-@contextlib.contextmanager
-def _project_source(root: Path # the project folder
-                   ):
-    "`root` if it has a Dockerfile; else a scratch copy of it with `server/Dockerfile` at the top, for the block."
-    if (root / "Dockerfile").is_file(): yield root; return
-    if not (root / "server" / "Dockerfile").is_file():
-        raise PushError(f"No Dockerfile in {root}: a Docker Space is built from one (`openenv init` makes projects with one)")
-    with tempfile.TemporaryDirectory(prefix="openenv-push-", ignore_cleanup_errors=True) as tmp:
-        shutil.copytree(root, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*LEFT_OUT))
-        shutil.copy(Path(tmp) / "server" / "Dockerfile", Path(tmp) / "Dockerfile")
-        yield Path(tmp)
-
 # %% ../nbs/15_push.ipynb #f76aca23
 def stage_space(m: Manifest, # the project's manifest (it knows the project's folder)
                 dest: str | Path, # an empty folder: the staged Space
-                interface: bool = True, # serve the web interface at `/web`
+                web: bool = False, # serve the web interface at `/web`
                 base_image: str | None = None, # a new default base image
+                include: tuple = (), # wildmatch patterns of project files to take although ignored or secret
+                log: Callable = print, # told what is left out, and why
                ) -> list[Path]:
     "Lay out the Space of project `m` in `dest`; its files, sorted."
     dest = Path(dest)
-    with _project_source(m.root) as src: stage(src, dest)
+    try: stage(m.root, dest, include, log)
+    except FileNotFoundError: raise PushError(f"No Dockerfile in {m.root}: a Docker Space is built from one (`openenv init` makes projects with one)") from None
     _prune(dest)
     df = dest / "Dockerfile"
-    df.write_text(space_dockerfile(df.read_text(), m.port, interface, base_image))
-    (dest / "README.md").write_text(space_readme(m, m.readme(), interface), encoding="utf-8")
+    df.write_text(space_dockerfile(df.read_text(), m.port, web, base_image))
+    (dest / "README.md").write_text(space_readme(m, m.readme(), web), encoding="utf-8")
     return sorted(p for p in dest.rglob("*") if p.is_file())
 
 # %% ../nbs/15_push.ipynb #3c6f88d1
@@ -163,16 +154,33 @@ def hub_user(api, # a `huggingface_hub.HfApi`
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")  # a Space's id: ORG/NAME
 
 # %% ../nbs/15_push.ipynb #c5193c68
-def _how(m: Manifest, private: bool, interface: bool) -> str:
+def _how(m: Manifest, private: bool, web: bool, token_secret: bool = False) -> str:
     "How the Space of `m` is set up, in words."
-    return f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface {'on' if interface else 'off'}"
+    return (f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface {'on' if web else 'off'}, "
+            f"{'clients need its OPENENV_TOKEN' if token_secret else 'no token asked'}")
+
+# %% ../nbs/15_push.ipynb #9d31332b
+def _open_warning(private: bool, token_secret: bool) -> str | None:
+    "A warning when anyone could run episodes on the Space: public, and its server asks for no token."
+    if private or token_secret: return None
+    return ("warning: the Space is public and its server asks for no token, so anyone can run episodes on it: "
+            "--token-secret sets one, --private hides the Space")
+
+# %% ../nbs/15_push.ipynb #64af1da6
+def _server_token(log: Callable # told the new token, when one is made
+                 ) -> str:
+    "The token the Space's server will ask clients for: `$OPENENV_TOKEN`, else a new one, shown once."
+    if token := os.environ.get("OPENENV_TOKEN"): return token
+    token = secrets.token_urlsafe(32)
+    log(f"OPENENV_TOKEN of the Space, new (shown once; clients send it as `Authorization: Bearer`): {token}")
+    return token
 
 # %% ../nbs/15_push.ipynb #33d1b4c0
-@delegates(stage_space, but=["m", "dest"])
+@delegates(stage_space, but=["m", "dest", "log"])
 def _dry_run(m: Manifest, repo_id: str | None, how: str, log: Callable, **kwargs) -> str:
     "Stage the Space of `m` in a folder that stays, and say what a push would do; the folder."
     dest = Path(tempfile.mkdtemp(prefix=f"openenv-push-{m.name}-"))
-    files = stage_space(m, dest, **kwargs)
+    files = stage_space(m, dest, log=log, **kwargs)
     log(f"Staged the Space of {m.name} {m.version} in {dest} ({len(files)} files, {_size(sum(p.stat().st_size for p in files))}):")
     log(listing(dest, files))
     log(f"Would create the Space {repo_id or 'YOUR-USERNAME/' + m.name} ({how}) and upload these files. "
@@ -180,18 +188,19 @@ def _dry_run(m: Manifest, repo_id: str | None, how: str, log: Callable, **kwargs
     return str(dest)
 
 # %% ../nbs/15_push.ipynb #b9f2e6ab
-@delegates(stage_space, but=["m", "dest"])
-def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callable, **kwargs) -> str:
-    "Stage the Space of `m`, create `repo_id` if need be and upload it in one commit; the Space's URL."
+@delegates(stage_space, but=["m", "dest", "log"])
+def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callable, token: str | None = None, **kwargs) -> str:
+    "Stage the Space of `m`, list it, create `repo_id` if need be, set its `token`, and upload it in one commit; its URL."
     with tempfile.TemporaryDirectory(prefix="openenv-push-") as d:
-        files = stage_space(m, d, **kwargs)
+        files = stage_space(m, d, log=log, **kwargs)
         log(f"[2/4] staged {m.name} {m.version}: {len(files)} files, {_size(sum(p.stat().st_size for p in files))}")
+        log(listing(Path(d), files))
         try:
             url = str(api.create_repo(repo_id, repo_type="space", space_sdk="docker", private=private, exist_ok=True))
+            if token: api.add_space_secret(repo_id, "OPENENV_TOKEN", token, description="the bearer token the server asks clients for")
             log(f"[3/4] Space {repo_id} is ready ({how})")
             log(f"[4/4] uploading to {repo_id}")
-            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space",
-                              commit_message=f"openenv push: {m.name} {m.version}")
+            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space", commit_message=f"openenv push: {m.name} {m.version}")
         except Exception as e:
             raise PushError(f"Pushing to the Space {repo_id} failed: {type(e).__name__}: {e}") from None
     return url
@@ -206,21 +215,25 @@ def push(path: str | Path = ".", # the project folder
          repo_id: str | None = None, # the Space, `ORG/NAME`; default `USER/` + the manifest's name
          private: bool = False, # make the Space private
          dry_run: bool = False, # stage the Space, list it, and upload nothing
-         interface: bool = True, # serve the web interface at `/web`
+         web: bool = False, # serve the web interface at `/web`
          base_image: str | None = None, # a new default base image in the Dockerfile
+         include: tuple = (), # wildmatch patterns of project files to upload although ignored or secret
+         token_secret: bool = False, # set the Space secret `OPENENV_TOKEN` (`$OPENENV_TOKEN`, else a new one)
          log: Callable = print, # where progress goes
+         interface: bool | None = None, # the former name of `web`, for callers not yet moved
         ) -> str:
     "Deploy the project at `path` to a Hugging Face Space; the Space's URL (the staged folder's path, with `dry_run`)."
-    m = load_manifest(path)
+    m, web = load_manifest(path), web if interface is None else interface
     if repo_id is not None and not REPO_RE.match(repo_id): raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
-    how, kw = _how(m, private, interface), dict(interface=interface, base_image=base_image)
+    how, kw = _how(m, private, web, token_secret), dict(web=web, base_image=base_image, include=tuple(include))
+    if warning := _open_warning(private, token_secret): log(warning)
     if dry_run: return _dry_run(m, repo_id, how, log, **kw)
     from huggingface_hub import HfApi, get_token
-    token = get_token()
-    api = HfApi(token=token)
+    hf_token = get_token()
+    api = HfApi(token=hf_token)
     log(f"[1/4] logging in to {api.endpoint}")
-    repo_id = repo_id or f"{hub_user(api, token)}/{m.name}"
-    url = _upload(api, m, repo_id, private, how, log, **kw)
+    repo_id = repo_id or f"{hub_user(api, hf_token)}/{m.name}"
+    url = _upload(api, m, repo_id, private, how, log, token=_server_token(log) if token_secret else None, **kw)
     log(f"Pushed {m.name} {m.version} to {url}")
     if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {_space_host(repo_id)}")
     return url

@@ -1,7 +1,8 @@
 """A stand-in for the Hugging Face Hub: the endpoints `huggingface_hub` calls to push a Space, recording each call.
 
 Served by the tests as `hub_standin:app` with HF_ENDPOINT pointing at it. It accepts one token, `hf_standin_token`,
-for the user `alice`; it records every request in `CALLS` (GET /_calls returns them, with the files committed).
+for the user `alice`; it records every request in `CALLS` (GET /_calls returns them, with the files committed and the
+Space secrets set).
 Files are committed inline (`uploadMode: regular`), which is what the Hub answers for small text files, so the real
 client code runs from whoami to the commit without needing LFS or Xet storage.
 """
@@ -15,7 +16,7 @@ from fastapi.responses import JSONResponse
 TOKEN, USER = "hf_standin_token", "alice"
 app = FastAPI()
 CALLS: list[dict] = []
-REPOS: dict[str, dict] = {}   # repo id -> {"private": bool, "sdk": str, "files": {path: text}}
+REPOS: dict[str, dict] = {}   # repo id -> {"private": bool, "sdk": str, "files": {path: text}, "secrets": {key: value}}
 
 
 def _authorized(request: Request) -> bool:
@@ -63,7 +64,7 @@ async def create_repo(request: Request):
     CALLS[-1]["body"] = body
     if repo_id in REPOS: return JSONResponse({"error": "You already created this space repo", "url": f"{request.base_url}spaces/{repo_id}"}, status_code=409)
     REPOS[repo_id] = {"type": body.get("type"), "sdk": body.get("sdk"), "private": body.get("visibility") == "private" or body.get("private"),
-                      "files": {}}
+                      "files": {}, "secrets": {}}
     return {"url": f"{str(request.base_url).rstrip('/')}/spaces/{repo_id}", "name": repo_id, "id": repo_id}
 
 
@@ -79,6 +80,17 @@ async def preupload(org: str, name: str, revision: str, request: Request):
     body = await request.json()
     return {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in body["files"]],
             "commitOid": "0" * 40}
+
+
+@app.post("/api/spaces/{org}/{name}/secrets")
+async def add_secret(org: str, name: str, request: Request):  # `HfApi.add_space_secret`
+    if not _authorized(request): return _denied()
+    repo = REPOS.get(f"{org}/{name}")
+    if repo is None: return JSONResponse({"error": "Repository not found"}, status_code=404)
+    body = await request.json()
+    repo["secrets"][body["key"]] = body["value"]
+    CALLS[-1]["body"] = {"key": body["key"], "description": body.get("description")}  # the value stays out of the call log
+    return JSONResponse(None)
 
 
 @app.post("/api/spaces/{org}/{name}/commit/{revision}")

@@ -18,6 +18,10 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin openenv
 USER 10001
 WORKDIR /home/openenv
 
+# OPENENV_TOKEN, given at run time (`docker run -e OPENENV_TOKEN=...`, or a Space secret), makes the server ask
+# every client for it as a bearer token. The server reads it from its environment, which `exec` hands on: never
+# set it here (it would stay in the image) nor pass it as an argument (`ps` and `docker inspect` would show it).
+
 # where to listen: containers sharing the host's network are each given their own PORT
 ENV HOST=0.0.0.0 PORT=8000 MAX_SESSIONS=64 LOG_LEVEL=info
 EXPOSE 8000
