@@ -47,12 +47,19 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     def close(self):
         "Release what the environment holds (processes, files); called once when its session ends."
 
-# %% ../nbs/01_environment.ipynb #c1d7a1f0
+# %% ../nbs/01_environment.ipynb #f6ab808f
+@patch
+def _apply_transform(self: Environment, observation: ObsT) -> ObsT:
+    "`observation` passed through the environment's transform, if it has one."
+    return self.transform(observation) if getattr(self, "transform", None) is not None else observation
+
+# %% ../nbs/01_environment.ipynb #fe0ff1a7
 @patch
 async def reset_async(self: Environment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> ObsT:
     "Async `reset`; by default calls the sync one. Override only with code that never blocks the event loop."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
+# %% ../nbs/01_environment.ipynb #b5072c6c
 @patch
 async def step_async(self: Environment, action: ActT, timeout_s: float | None = None, **kwargs) -> ObsT:
     "Async `step`; by default calls the sync one. Override only with code that never blocks the event loop."
@@ -66,18 +73,13 @@ def overrides(env: Environment, # an environment instance or class
     cls = env if isinstance(env, type) else type(env)
     return getattr(cls, name) is not getattr(Environment, name)
 
-# %% ../nbs/01_environment.ipynb #789bd189
+# %% ../nbs/01_environment.ipynb #97dc07c8
 @patch
 def get_metadata(self: Environment) -> EnvironmentMetadata:
     "What `/metadata` reports: by default the class name and the first line of its docstring."
     name = type(self).__name__
     doc = (inspect.getdoc(type(self)) or "").strip().splitlines()
     return EnvironmentMetadata(name=name, description=doc[0] if doc else f"{name} environment", version="1.0.0")
-
-@patch
-def _apply_transform(self: Environment, observation: ObsT) -> ObsT:
-    "`observation` passed through the environment's transform, if it has one."
-    return self.transform(observation) if getattr(self, "transform", None) is not None else observation
 
 # %% ../nbs/01_environment.ipynb #7b4f3cfe
 def env_types(env: type | Callable # an `Environment` subclass (or a factory annotated with one)

@@ -14,19 +14,25 @@ import math
 import re
 from typing import Any
 
-# %% ../nbs/04a_forms.ipynb #cc92dfdc
+# %% ../nbs/04a_forms.ipynb #7466d826
 SKIPPED = {"metadata"}  # framework fields the form leaves out
-CODE_NAMES = {"code", "script", "source", "source_code", "program", "patch", "diff", "sql"}
-TEXT_KINDS = ("string", "textarea", "code")
+CODE_NAMES = {"code", "script", "source", "source_code", "program", "patch", "diff", "sql"}  # strings shown as code
+TEXT_KINDS = ("string", "textarea", "code")  # kinds whose entry is sent as typed
 LIMITS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern")
 
-def _deref(p: dict, defs: dict) -> dict:
+# %% ../nbs/04a_forms.ipynb #b43b83be
+def _deref(p: dict, # a property's schema
+           defs: dict # the schema's `$defs`
+          ) -> dict:
     "`p` with a `$ref` (or a one-item `allOf`) replaced by what it points to, keeping `p`'s own keys."
     ref = p.get("$ref") or (p["allOf"][0].get("$ref") if len(p.get("allOf") or []) == 1 else None)
     if not ref: return p
     return {**defs.get(ref.rsplit("/", 1)[-1], {}), **{k: v for k, v in p.items() if k not in ("$ref", "allOf")}}
 
-def _unwrap(p: dict, defs: dict) -> tuple[dict, bool]:
+# %% ../nbs/04a_forms.ipynb #63ffcb6f
+def _unwrap(p: dict, # a property's schema
+            defs: dict # the schema's `$defs`
+           ) -> tuple[dict, bool]:
     "The schema of a field's value, and whether `null` is allowed as well."
     p = _deref(p, defs)
     opts = p.get("anyOf") or p.get("oneOf")
@@ -35,8 +41,10 @@ def _unwrap(p: dict, defs: dict) -> tuple[dict, bool]:
     inner = rest[0] if len(rest) == 1 else {}  # several types: a JSON field
     return {**inner, **{k: v for k, v in p.items() if k not in ("anyOf", "oneOf")}}, len(rest) < len(opts)
 
-# %% ../nbs/04a_forms.ipynb #026c0e53
-def _kind(name: str, p: dict) -> str:
+# %% ../nbs/04a_forms.ipynb #855b6690
+def _kind(name: str, # the field's name
+          p: dict # its schema, unwrapped
+         ) -> str:
     "How a field is entered: `enum`, `boolean`, `integer`, `number`, `string`, `textarea`, `code` or `json`."
     if "enum" in p or "const" in p: return "enum"
     t = p.get("type")
@@ -46,6 +54,7 @@ def _kind(name: str, p: dict) -> str:
     if p.get("format") in ("textarea", "multiline") or p.get("maxLength", 0) > 256: return "textarea"
     return "string"
 
+# %% ../nbs/04a_forms.ipynb #40226323
 def field_spec(name: str, # the field's name in the action
                prop: dict, # its JSON schema
                required: bool, # whether the schema lists it as required
@@ -61,43 +70,57 @@ def field_spec(name: str, # the field's name in the action
     if kind == "json": spec["json_type"] = p.get("type") if p.get("type") in ("array", "object") else None
     return spec | {k: p[k] for k in LIMITS if k in p}
 
+# %% ../nbs/04a_forms.ipynb #af3ad38b
 def form_fields(schema: dict # the JSON schema of an action (or of a reset request)
                ) -> list[dict]:
     "The fields of a form for `schema`, in its order, without the framework's `metadata`."
     defs, req = schema.get("$defs", {}), set(schema.get("required", []))
     return [field_spec(n, p, n in req, defs) for n, p in (schema.get("properties") or {}).items() if n not in SKIPPED]
 
-# %% ../nbs/04a_forms.ipynb #f1ed4afc
+# %% ../nbs/04a_forms.ipynb #5fca024c
 class _Omit:
     "A field left empty: it is not sent, so its default applies."
     def __repr__(self): return "OMIT"
 
 OMIT = _Omit()
-NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-INTEGER = re.compile(r"[+-]?\d+")
 
+# %% ../nbs/04a_forms.ipynb #b9d5bdf3
 def _fmt(x) -> str: return str(int(x)) if float(x).is_integer() else repr(float(x))
 
-def _empty(spec: dict):
+# %% ../nbs/04a_forms.ipynb #f202872f
+def _empty(spec: dict # a field from `form_fields`
+          ):
     "The value of an empty field: left out, `None`, or an error when it is required."
     if not spec["required"]: return OMIT
     if spec["nullable"]: return None
     raise ValueError("Required")
 
-# %% ../nbs/04a_forms.ipynb #f902614f
-def _text(spec: dict, s: str) -> str | _Omit:
+# %% ../nbs/04a_forms.ipynb #50673af4
+def _matches(pattern: str, # a JSON schema `pattern`
+             s: str) -> bool:
+    "Whether `s` matches `pattern`; a pattern Python cannot read is left to the server to check."
+    try: return re.search(pattern, s) is not None
+    except re.error: return True
+
+# %% ../nbs/04a_forms.ipynb #7d646bba
+def _text(spec: dict, # a text field from `form_fields`
+          s: str # what was typed
+         ) -> str | _Omit:
+    "`s` checked against the field's lengths and pattern."
     if s == "" and not spec["required"]: return OMIT
     if "minLength" in spec and len(s) < spec["minLength"]: raise ValueError(f"At least {spec['minLength']} characters")
     if "maxLength" in spec and len(s) > spec["maxLength"]: raise ValueError(f"At most {spec['maxLength']} characters")
     if "pattern" in spec and not _matches(spec["pattern"], s): raise ValueError(f"Must match {spec['pattern']}")
     return s
 
-def _matches(pattern: str, s: str) -> bool:
-    "Whether `s` matches `pattern`; a pattern Python cannot read is left to the server to check."
-    try: return re.search(pattern, s) is not None
-    except re.error: return True
+# %% ../nbs/04a_forms.ipynb #9681ed27
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+INTEGER = re.compile(r"[+-]?\d+")
 
-def _number(spec: dict, s: str) -> int | float:
+def _number(spec: dict, # an `integer` or `number` field
+            s: str # what was typed, stripped
+           ) -> int | float:
+    "`s` as a number, checked against the field's bounds."
     if spec["kind"] == "integer" and not INTEGER.fullmatch(s): raise ValueError("Must be a whole number")
     if spec["kind"] == "number" and not NUMBER.fullmatch(s): raise ValueError("Must be a number")
     v = int(s) if spec["kind"] == "integer" else float(s)
@@ -107,7 +130,11 @@ def _number(spec: dict, s: str) -> int | float:
         if key in spec and bad(spec[key]): raise ValueError(f"Must be {words} {_fmt(spec[key])}")
     return v
 
-def _json(spec: dict, s: str) -> Any:
+# %% ../nbs/04a_forms.ipynb #bcee50f4
+def _json(spec: dict, # a `json` field
+          s: str # what was typed
+         ) -> Any:
+    "`s` parsed as JSON, of the field's JSON type when it has one."
     try: v = json.loads(s)
     except ValueError: raise ValueError("Not valid JSON") from None
     t = spec.get("json_type")
@@ -130,7 +157,7 @@ def parse_field(spec: dict, # a field from `form_fields`
     if kind in ("integer", "number"): return _number(spec, str(raw).strip())
     return _json(spec, str(raw))
 
-# %% ../nbs/04a_forms.ipynb #cecd89e5
+# %% ../nbs/04a_forms.ipynb #6809b170
 def collect(specs: list[dict], # the form's fields
             raws: dict # what was entered, by field name
            ) -> tuple[dict, dict]:
@@ -142,6 +169,7 @@ def collect(specs: list[dict], # the form's fields
         if v is not OMIT: data[spec["name"]] = v
     return data, errors
 
+# %% ../nbs/04a_forms.ipynb #b1bf7156
 def by_field(errors: list[dict], # pydantic's errors, as in a `VALIDATION_ERROR` frame
              names: set # the form's field names
             ) -> tuple[dict, list[str]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # %% ../nbs/00_types.ipynb #1fd9899e
@@ -123,28 +124,38 @@ def error_frame(code: ErrorCode, # what kind of error
     "A WebSocket error frame."
     return {"type": "error", "data": {"message": message, "code": str(code), **extra}}
 
-# %% ../nbs/00_types.ipynb #9e06c7cf
+# %% ../nbs/00_types.ipynb #aaa01087
 class OpenEnvError(Exception):
     "Base of the errors that openenv-nb raises."
 
+# %% ../nbs/00_types.ipynb #26d44b3e
 class EnvConnectionError(OpenEnvError, ConnectionError):
     "The server could not be reached, or the connection dropped."
 
+# %% ../nbs/00_types.ipynb #9470dc94
 class EnvTimeoutError(OpenEnvError, TimeoutError):
     "No reply came within the timeout."
 
-# %% ../nbs/00_types.ipynb #ce676977
+# %% ../nbs/00_types.ipynb #a6a0b33e
 class EnvServerError(OpenEnvError, RuntimeError):
     "The server answered with an error: its `code`, `message` and the rest of its `data`."
-    def __init__(self, code: str, message: str, data: dict | None = None, url: str | None = None):
+    def __init__(self,
+                 code: str, # the error frame's `code`, one of `ErrorCode`
+                 message: str, # what went wrong, as the server put it
+                 data: dict | None = None, # the frame's whole `data` (e.g. pydantic's `errors`)
+                 url: str | None = None # the server that answered, for the message
+                ):
         self.code, self.message, self.data, self.url = code, message, data or {}, url
-        where = f" from {url}" if url else ""
-        super().__init__(f"{code}{where}: {message}")
+        super().__init__(f"{code}{f' from {url}' if url else ''}: {message}")
 
-    @classmethod
-    def from_frame(cls, data: dict, url: str | None = None):
-        "Build from the `data` of an error frame."
-        return cls(str(data.get("code", "UNKNOWN")), str(data.get("message", "")), data, url)
+# %% ../nbs/00_types.ipynb #b707fe4b
+@patch(cls_method=True)
+def from_frame(cls: EnvServerError,
+               data: dict, # the `data` of an error frame
+               url: str | None = None # the server that sent it
+              ):
+    "Build from the `data` of an error frame."
+    return cls(str(data.get("code", "UNKNOWN")), str(data.get("message", "")), data, url)
 
 # %% ../nbs/00_types.ipynb #2e1bdb5b
 def type_args(cls: type, # a class that subclasses `base[...]` somewhere

@@ -16,14 +16,14 @@ from typing import Any
 
 import ipywidgets as W
 import requests
-from fastcore.basics import patch_to
+from fastcore.basics import patch
 from pydantic import BaseModel, ValidationError
 
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
 from .types import EnvServerError, ResetRequest, StepResult
 from .forms import by_field, collect, form_fields
 
-# %% ../nbs/06_widget.ipynb #7600872e
+# %% ../nbs/06_widget.ipynb #10f7afb6
 def as_client(env: Any # a server URL, an `EnvClient` (or its `.sync()` twin), or an `HTTPEnvClient`
              ) -> SyncEnvClient | HTTPEnvClient:
     "A client with blocking `reset`, `step` and `state` for `env`."
@@ -32,7 +32,9 @@ def as_client(env: Any # a server URL, an `EnvClient` (or its `.sync()` twin), o
     if isinstance(env, (SyncEnvClient, HTTPEnvClient)): return env
     raise TypeError(f"EnvPanel needs a server URL or a client, not {type(env).__name__}")
 
-def action_schema(client: SyncEnvClient | HTTPEnvClient) -> dict:
+# %% ../nbs/06_widget.ipynb #371833a9
+def action_schema(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
+                 ) -> dict:
     "The action's JSON schema: from the client's action class when it has one, else from the server's `/schema`."
     cls = getattr(client, "action_type", None)
     if cls is not None: return cls.model_json_schema()
@@ -44,13 +46,16 @@ def action_schema(client: SyncEnvClient | HTTPEnvClient) -> dict:
         r.raise_for_status()
         return r.json()["action"]
 
-# %% ../nbs/06_widget.ipynb #d73786c4
+# %% ../nbs/06_widget.ipynb #b8af49d7
 def _e(x) -> str: return html.escape(str(x))
 
+# %% ../nbs/06_widget.ipynb #f6e9ea10
 def _fmt(x) -> str:
+    "`x` as the page shows it: a float that is a whole number without its `.0`."
     if isinstance(x, bool) or not isinstance(x, (int, float)): return str(x)
     return str(x) if isinstance(x, int) or not x.is_integer() else str(int(x))
 
+# %% ../nbs/06_widget.ipynb #d73786c4
 def reward_svg(points: list[tuple[int, float]], # `(step, reward)` pairs, oldest first
                width: int = 520, height: int = 120) -> str:
     "A line plot of reward per step, as inline SVG."
@@ -72,14 +77,16 @@ def reward_svg(points: list[tuple[int, float]], # `(step, reward)` pairs, oldest
             f'<text x="{x(0):.1f}" y="{height - 4}" text-anchor="{"middle" if len(pts) == 1 else "start"}">step {pts[0][0]}</text>{last}'
             f'<polyline points="{line}" fill="none" stroke="#2563eb" stroke-width="2"/>{dots}</svg>')
 
-# %% ../nbs/06_widget.ipynb #7f8c3e55
+# %% ../nbs/06_widget.ipynb #acca1400
 def _value(v) -> str:
+    "One observation value as HTML."
     if v is None: return '<span class="oe-muted"><i>null</i></span>'
     if v == "": return '<span class="oe-muted"><i>(empty)</i></span>'
     if isinstance(v, str): return f"<pre>{_e(v)}</pre>"
     if isinstance(v, (dict, list)): return f"<pre>{_e(json.dumps(v, indent=2))}</pre>"
     return _e(_fmt(v))
 
+# %% ../nbs/06_widget.ipynb #9a600522
 def observation_html(obs: dict, # the observation's fields
                      metadata: dict | None = None) -> str:
     "The observation as a table of its fields."
@@ -87,7 +94,12 @@ def observation_html(obs: dict, # the observation's fields
     if not rows: return '<p class="oe-muted">(no fields)</p>'
     return '<table class="oe-kv">' + "".join(f"<tr><th>{_e(k)}</th><td>{_value(v)}</td></tr>" for k, v in rows) + "</table>"
 
-def stats_html(reward, done, step, episode_id) -> str:
+# %% ../nbs/06_widget.ipynb #0a52d374
+def stats_html(reward, # the last reward, or `None`
+               done, # whether the episode is done, or `None` before the first
+               step, # steps taken
+               episode_id # the episode's id, when known
+              ) -> str:
     "The four numbers at the top of the right pane."
     tile = lambda label, v, cls="": f'<div class="oe-stat {cls}"><span>{label}</span><b title="{_e(v)}">{_e(v)}</b></div>'
     none = lambda v: "–" if v is None else v
@@ -95,16 +107,19 @@ def stats_html(reward, done, step, episode_id) -> str:
             tile("Done", "–" if done is None else "yes" if done else "no") + tile("Step", none(step)) +
             tile("Episode", none(episode_id), "oe-id") + "</div>")
 
-# %% ../nbs/06_widget.ipynb #b4ceffdf
+# %% ../nbs/06_widget.ipynb #62804903
 def _short(v) -> str:
+    "`v` in one line of at most 80 characters."
     t = (v if isinstance(v, str) else json.dumps(v)).replace("\r\n", "\n").replace("\n", " ⏎ ")
     return t if len(t) <= 80 else t[:77] + "…"
 
+# %% ../nbs/06_widget.ipynb #62c36831
 def _brief(d: dict) -> str:
     "A dict in one short line, as the page's history shows it."
     if len(d) == 1: return _short(next(iter(d.values())))
     return " ".join(f"{k}={_short(v)}" for k, v in d.items())
 
+# %% ../nbs/06_widget.ipynb #c970d030
 def history_html(history: list[dict] # entries, newest first
                 ) -> str:
     "The history table."
@@ -117,7 +132,7 @@ def history_html(history: list[dict] # entries, newest first
     return ('<table class="oe-history"><thead><tr><th>#</th><th>Action</th><th>Observation</th><th class="oe-num">Reward</th>'
             f'<th>Done</th></tr></thead><tbody>{rows}</tbody></table>')
 
-# %% ../nbs/06_widget.ipynb #c68c3f18
+# %% ../nbs/06_widget.ipynb #8cdfd2ac
 STYLE = """<style>
 .oe-panel { font-size: 13px; }
 .oe-panel h4 { margin: 4px 0 8px; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; color: #667085; }
@@ -141,16 +156,20 @@ STYLE = """<style>
 .oe-history .oe-num { text-align: right; } .oe-history tr.oe-reset td { color: #667085; }
 </style>"""
 
+# %% ../nbs/06_widget.ipynb #880e6047
 def _limits(spec: dict) -> str:
+    "A field's limits in words, for its label."
     words = [("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"), ("exclusiveMaximum", "< {}"),
              ("minLength", "at least {} chars"), ("maxLength", "at most {} chars"), ("pattern", "matches {}")]
     return ", ".join(w.format(_fmt(spec[k])) for k, w in words if k in spec)
 
+# %% ../nbs/06_widget.ipynb #7633c842
 def _type(spec: dict) -> str:
+    "The type a field's label shows."
     k = spec["kind"]
     return {"enum": "choice", "textarea": "string", "code": "string"}.get(k, f"JSON {spec.get('json_type') or ''}".strip() if k == "json" else k)
 
-# %% ../nbs/06_widget.ipynb #834c7835
+# %% ../nbs/06_widget.ipynb #2b135d69
 def field_widget(spec: dict # a field from `form_fields`
                 ) -> W.Widget:
     "The input widget for one field, holding its default."
@@ -166,6 +185,7 @@ def field_widget(spec: dict # a field from `form_fields`
     if kind != "textarea": w.add_class("oe-code")
     return w
 
+# %% ../nbs/06_widget.ipynb #b3d586b4
 def field_label(spec: dict) -> W.HTML:
     "The label over a field: its name, a mark when required, its type, description and limits."
     req = '<span class="oe-req" title="required">*</span>' if spec["required"] and not spec["nullable"] else ""
@@ -173,10 +193,11 @@ def field_label(spec: dict) -> W.HTML:
     return W.HTML(f'<div class="oe-label"><b>{_e(spec["label"])}</b>{req} <span class="oe-type">{_e(_type(spec))}</span></div>'
                   + (f'<div class="oe-hint">{hint}</div>' if hint else ""))
 
-# %% ../nbs/06_widget.ipynb #b00ca99a
+# %% ../nbs/06_widget.ipynb #ab85ba65
 class Form:
     "Widgets for a list of fields, their values as entered, and a line for each one's error."
-    def __init__(self, specs: list[dict]):
+    def __init__(self, specs: list[dict] # fields from `form_fields`
+                ):
         self.specs = specs
         self.widgets = {s["name"]: field_widget(s) for s in specs}
         self.errors = {s["name"]: W.HTML("", layout=W.Layout(margin="0 0 6px 0")) for s in specs}
@@ -185,16 +206,21 @@ class Form:
         self.box = W.VBox(rows or [W.HTML('<span class="oe-muted">This action has no fields.</span>')])
         for n, w in self.widgets.items(): w.observe(lambda ch, n=n: self.show({n: ""}), names="value")
 
-    def show(self, errors: dict):
-        "Show `errors` (by field name) beside their fields; an empty message clears one."
-        for n, msg in errors.items():
-            if n in self.errors: self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
+# %% ../nbs/06_widget.ipynb #a0497b64
+@patch
+def show(self: Form, errors: dict # messages by field name; `""` clears one
+        ):
+    "Show `errors` beside their fields."
+    for n, msg in errors.items():
+        if n in self.errors: self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
 
-    def read(self) -> tuple[dict, dict]:
-        "The values to send and the errors, by field; the errors are shown (and the others cleared)."
-        data, errors = collect(self.specs, {n: w.value for n, w in self.widgets.items()})
-        self.show({n: errors.get(n, "") for n in self.widgets})
-        return data, errors
+# %% ../nbs/06_widget.ipynb #1b2dcdab
+@patch
+def read(self: Form) -> tuple[dict, dict]:
+    "The values to send and the errors, by field; the errors are shown (and the others cleared)."
+    data, errors = collect(self.specs, {n: w.value for n, w in self.widgets.items()})
+    self.show({n: errors.get(n, "") for n in self.widgets})
+    return data, errors
 
 # %% ../nbs/06_widget.ipynb #061d0b9c
 class EnvPanel:
@@ -212,9 +238,9 @@ class EnvPanel:
     def _repr_mimebundle_(self, **kwargs): return self.ui._repr_mimebundle_(**kwargs)
     def __repr__(self): return f"EnvPanel({self.client!r}, steps={self.steps})"
 
-# %% ../nbs/06_widget.ipynb #3e455b83
-@patch_to(EnvPanel)
-def _build(self):
+# %% ../nbs/06_widget.ipynb #013d071b
+@patch
+def _build(self: EnvPanel):
     "Make the widgets: the left pane (form, buttons, messages) and the right (numbers, observation, plot, history)."
     self.step_button = W.Button(description="Step", button_style="primary", tooltip="Step with the action above")
     self.reset_button = W.Button(description="Reset", tooltip="Start a new episode")
@@ -239,9 +265,17 @@ def _build(self):
     self.ui = W.VBox([W.HTML(STYLE), W.HBox([left, right])])
     self.ui.add_class("oe-panel")
 
-# %% ../nbs/06_widget.ipynb #3287f660
-@patch_to(EnvPanel)
-def _fail(self, e: Exception):
+# %% ../nbs/06_widget.ipynb #86c81344
+@patch
+def _say(self: EnvPanel, text: str # the message; `""` hides the line
+        ):
+    "Show `text` in the message line."
+    self.message.value = f'<div class="oe-message">{_e(text)}</div>' if text else ""
+
+# %% ../nbs/06_widget.ipynb #44c1fb00
+@patch
+def _fail(self: EnvPanel, e: Exception # what a client call raised
+         ):
     "Show `e`: beside the fields it names, or in the message line."
     errors = e.errors() if isinstance(e, ValidationError) else (e.data.get("errors") if isinstance(e, EnvServerError) else None)
     if errors and isinstance(errors, list):
@@ -251,21 +285,22 @@ def _fail(self, e: Exception):
     code = e.code if isinstance(e, EnvServerError) else type(e).__name__
     self._say(f"{code}: {e.message if isinstance(e, EnvServerError) else e}")
 
-@patch_to(EnvPanel)
-def _say(self, text: str):
-    "Show `text` in the message line (an empty one hides it)."
-    self.message.value = f'<div class="oe-message">{_e(text)}</div>' if text else ""
-
-# %% ../nbs/06_widget.ipynb #d10303c2
-def _parts(result: StepResult) -> tuple[dict, dict | None]:
+# %% ../nbs/06_widget.ipynb #21f0f403
+def _parts(result: StepResult # what a client's `reset` or `step` returned
+          ) -> tuple[dict, dict | None]:
     "The observation's own fields, and its metadata, from a client's result."
     obs = result.observation
     if isinstance(obs, BaseModel):
         return obs.model_dump(mode="json", exclude={"reward", "done", "metadata"}), getattr(obs, "metadata", None) or None
     return dict(obs or {}), None
 
-@patch_to(EnvPanel)
-def _record(self, kind: str, action: dict, result: StepResult):
+# %% ../nbs/06_widget.ipynb #7d07800f
+@patch
+def _record(self: EnvPanel,
+            kind: str, # `"reset"` or `"step"`
+            action: dict, # what was sent, as JSON
+            result: StepResult # what came back
+           ):
     "Add a reset or step to the history and redraw the right pane."
     obs, meta = _parts(result)
     if kind == "reset": self.history, self.rewards, self.steps = [], [], 0
@@ -281,9 +316,10 @@ def _record(self, kind: str, action: dict, result: StepResult):
     self.plot.value, self.table.value = reward_svg(self.rewards[-500:]), history_html(self.history)
     self._say("")
 
-# %% ../nbs/06_widget.ipynb #9ba648b7
-@patch_to(EnvPanel)
-def reset(self, **kwargs) -> StepResult | None:
+# %% ../nbs/06_widget.ipynb #010dcb53
+@patch
+def reset(self: EnvPanel, **kwargs # reset options, e.g. `seed`, `episode_id`; none reads the form
+         ) -> StepResult | None:
     "Start a new episode with `kwargs`, or with the reset options from the form; what the client returned."
     if not kwargs:
         kwargs, errors = self.reset_form.read()
@@ -298,8 +334,9 @@ def reset(self, **kwargs) -> StepResult | None:
     self._record("reset", kwargs, result)
     return result
 
-@patch_to(EnvPanel)
-def step(self, action: Any = None # an action or a dict of fields; `None` reads the form
+# %% ../nbs/06_widget.ipynb #ee05cad9
+@patch
+def step(self: EnvPanel, action: Any = None # an action or a dict of fields; `None` reads the form
         ) -> StepResult | None:
     "Step with `action` (or the form's), and show the result; what the client returned."
     if action is None:
@@ -310,9 +347,9 @@ def step(self, action: Any = None # an action or a dict of fields; `None` reads 
     self._record("step", action if isinstance(action, dict) else action.model_dump(mode="json", exclude={"metadata"}), result)
     return result
 
-# %% ../nbs/06_widget.ipynb #768527d1
-@patch_to(EnvPanel)
-def state(self):
+# %% ../nbs/06_widget.ipynb #f57e1721
+@patch
+def state(self: EnvPanel):
     "Ask for the episode's state and show it under the buttons."
     try: st = self.client.state()
     except Exception as e: return self._fail(e)
@@ -320,8 +357,9 @@ def state(self):
     self.state_view.value = f"<h4>State</h4><pre>{_e(json.dumps(d, indent=2))}</pre>"
     return st
 
-@patch_to(EnvPanel)
-def close(self):
+# %% ../nbs/06_widget.ipynb #fa3adcf2
+@patch
+def close(self: EnvPanel):
     "Close the client (stopping a local server it started) and the widgets."
     try: self.client.close()
     finally: self.ui.close()

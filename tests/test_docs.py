@@ -49,11 +49,12 @@ def site(tmp_path_factory):
         assert r.returncode == 0, f"{nb.name}: {r.stderr[-2000:]}"
     for html in out.rglob("*.html"):  # links between notebooks point at their pages
         html.write_text(re.sub(r'href="([^"#:]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html.read_text()))
-    return {"proc": proc, "out": out, "pages": pages}
+    return {"proc": proc, "out": out, "pages": pages, "nbs": work / "nbs"}
 
 
 def test_every_notebook_processes_and_renders(site):
-    sources = sorted(p.relative_to(NBS) for p in NBS.rglob("*.ipynb") if not any(s.startswith((".", "_")) for s in p.relative_to(NBS).parts))
+    nbs = site["nbs"]  # the copy that was processed, so a notebook added meanwhile does not count
+    sources = sorted(p.relative_to(nbs) for p in nbs.rglob("*.ipynb") if not any(s.startswith((".", "_")) for s in p.relative_to(nbs).parts))
     assert sorted(p.relative_to(site["proc"]) for p in site["pages"]) == sources
     assert all((site["out"] / p.with_suffix(".html")).exists() for p in sources)
 
@@ -69,7 +70,7 @@ def test_no_error_outputs(site):
 def test_api_pages_document_every_public_function_and_class(site):
     import importlib, inspect
     for nb in site["pages"]:
-        src = json.loads((NBS / nb.relative_to(site["proc"])).read_text())["cells"]
+        src = json.loads((site["nbs"] / nb.relative_to(site["proc"])).read_text())["cells"]
         exp = next((("".join(c["source"])).split()[-1] for c in src if "".join(c["source"]).startswith("#| default_exp")), None)
         if exp is None: continue
         mod, text = importlib.import_module(f"openenv_nb.{exp}"), nb.read_text()
@@ -99,3 +100,42 @@ def test_pages_in_a_browser(site):
         page.screenshot(path=str(ROOT / "artifacts" / "docs-index.png"), full_page=True)
         browser.close()
     assert not broken, broken
+
+
+def test_sidebar_lists_every_page():
+    "Every notebook is a page of the site's sidebar, and every sidebar entry is a notebook."
+    import yaml
+    def entries(items):
+        for it in items:
+            if isinstance(it, str): yield it
+            elif isinstance(it, dict): yield from entries(it.get("contents", []))
+    listed = set(entries(yaml.safe_load((NBS / "sidebar.yml").read_text())["website"]["sidebar"]["contents"]))
+    pages = {str(p.relative_to(NBS)) for p in NBS.rglob("*.ipynb") if not any(s.startswith((".", "_")) for s in p.relative_to(NBS).parts)}
+    assert (sorted(pages - listed), sorted(listed - pages)) == ([], [])
+
+
+@pytest.fixture(scope="module")
+def module_map():
+    """What the module map page computes when the docs are built: its `#| exec_doc` cells, run as a script.
+    `problems(GRAPH)` holds the rule breaks by kind, from the imports in openenv_nb/*.py."""
+    ns = {}
+    for c in json.loads((NBS / "module_map.ipynb").read_text())["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and src.startswith("#| exec_doc"): exec(compile(src, "module_map.ipynb", "exec"), ns)
+    return ns["problems"](ns["GRAPH"])
+
+
+def test_module_map_no_import_cycles(module_map):
+    assert not module_map["cycles"], module_map["cycles"]
+
+
+def test_module_map_nothing_imports_cli(module_map):
+    assert not module_map["imports of cli"], module_map["imports of cli"]
+
+
+def test_module_map_arrows_point_down_the_layers(module_map):
+    assert not module_map["arrows up the table"], module_map["arrows up the table"]
+
+
+def test_module_map_layer_table_covers_every_module(module_map):
+    assert not module_map["not in the table"], module_map["not in the table"]
