@@ -22,6 +22,8 @@ from fnmatch import fnmatch
 from importlib import metadata, resources
 from pathlib import Path, PurePosixPath
 
+from pathspec import GitIgnoreSpec
+
 import openenv_nb
 from .providers import docker_client, host_network
 
@@ -128,61 +130,42 @@ def package_wheel(dest: str | Path # folder to write the wheel to
     entries.append((record, ("\n".join(lines) + "\n").encode()))
     return _write_zip(Path(dest) / f"openenv_nb-{version}-py3-none-any.whl", entries)
 
-# %% ../nbs/10_images.ipynb #fa2715a9
-def _glob_re(pat: str # a wildmatch pattern without its `!` and trailing `/`
-            ) -> str:
-    "The regular expression of the wildmatch pattern `pat`."
-    out, i = [], 0
-    while i < len(pat):
-        c, start = pat[i], i == 0 or pat[i - 1] == "/"
-        if pat.startswith("**/", i) and start: out.append("(?:.*/)?"); i += 2
-        elif pat.startswith("**", i) and start and i + 2 == len(pat): out.append(".*"); i += 1
-        elif c == "*": out.append("[^/]*")
-        elif c == "?": out.append("[^/]")
-        elif c == "\\" and i + 1 < len(pat): i += 1; out.append(re.escape(pat[i]))
-        elif c == "[" and (j := pat.find("]", i + 2)) > 0:
-            body = pat[i + 1:j]
-            out.append("[" + ("^/" + body[1:] if body[0] in "!^" else body) + "]"); i = j
-        else: out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-# %% ../nbs/10_images.ipynb #1220140e
-def _rule(line: str, # one line of an ignore file
-          base: str = "", # the folder of the ignore file, relative to the project, ending in `/` (`""`: the project's)
-          anchored: bool | None = None, # match from `base` only; default: when the pattern has a `/` before its end
-          parents: bool = False, # also match what is inside a matching folder (`.dockerignore`'s way)
-         ) -> tuple | None:
-    "`(regex, negated, folders only)` of one line of an ignore file; `None` for a blank line or a comment."
-    line = line.rstrip()
-    if not line or line.startswith("#"): return None
+# %% ../nbs/10_images.ipynb #9477ba61
+def _docker_line(line: str # one line of a `.dockerignore`
+                ) -> str:
+    "The `.gitignore` line that means what the `.dockerignore` line `line` means: anchored at the root."
+    line = line.strip()
     neg = line.startswith("!")
-    line = line[1:] if neg else line[1:] if line.startswith(("\\!", "\\#")) else line
-    dirs, line = line.endswith("/"), line.rstrip("/")
-    if anchored is None: anchored = "/" in line
-    if not (line := line.lstrip("/")): return None
-    tail = ("/.*" if dirs else "(?:/.*)?") if parents else ""
-    return re.compile(re.escape(base) + ("" if anchored else "(?:.*/)?") + _glob_re(line) + tail), neg, dirs and not parents
+    pat = line[neg:].strip().lstrip("/")
+    if not pat or line.startswith("#"): return line
+    return ("!" if neg else "") + "/" + pat
+
+# %% ../nbs/10_images.ipynb #fad1672d
+def _readable(line: str # one line of an ignore file, or a pattern named with `include`
+             ) -> bool:
+    "Whether `pathspec` can read `line` as a pattern (git skips those it cannot)."
+    try: GitIgnoreSpec.from_lines([line]); return True
+    except ValueError: return False
 
 # %% ../nbs/10_images.ipynb #622f3e06
 def ignore_rules(path: Path, # an ignore file; none there gives no rules
                  base: str = "", # its folder, relative to the project, ending in `/`
                  docker: bool = False, # read it as a `.dockerignore` rather than a `.gitignore`
-                ) -> list[tuple]:
-    "The rules of the ignore file `path`."
+                ) -> list[tuple[str, GitIgnoreSpec]]:
+    "The rules of the ignore file `path`: `[(base, its patterns)]`, or `[]` when there is no such file."
     if not path.is_file(): return []
-    kw = dict(anchored=True, parents=True) if docker else {}
-    return [r for l in path.read_text(errors="replace").splitlines() if (r := _rule(l, base, **kw))]
+    lines = path.read_text(errors="replace").splitlines()
+    return [(base, GitIgnoreSpec.from_lines(filter(_readable, map(_docker_line, lines) if docker else lines)))]
 
 # %% ../nbs/10_images.ipynb #ff86b9e1
-def ignored(rules: list[tuple], # from `ignore_rules`
+def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
             relpath: str, # a path relative to the project, `/`-separated
             is_dir: bool = False, # whether it is a folder
            ) -> bool:
-    "Whether `rules` leave out `relpath`: the last rule that matches it decides, as in git."
+    "Whether `rules` leave out `relpath`: the deepest ignore file with a pattern that matches it decides, as in git."
     out = False
-    for regex, negated, dirs_only in rules:
-        if (is_dir or not dirs_only) and regex.fullmatch(relpath): out = not negated
+    for base, spec in rules:
+        if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None: out = hit
     return out
 
 # %% ../nbs/10_images.ipynb #726a7627
@@ -198,13 +181,13 @@ SECRETS = {  # wildmatch pattern (matched at any depth, and inside a matching fo
     ".huggingface/": "a Hugging Face token"}
 
 # %% ../nbs/10_images.ipynb #fdfbb9af
-_SECRET_FILES = [(_rule(p, parents=True)[0], f"{why} ({p})") for p, why in SECRETS.items()]
+_SECRET_FILES = [(GitIgnoreSpec.from_lines([p]), f"{why} ({p})") for p, why in SECRETS.items()]
 
 def is_secret(relpath: str | PurePosixPath # a path relative to the project
              ) -> str | None:
     "Why the file `relpath` looks like a secret; `None` when it does not."
     p = PurePosixPath(relpath).as_posix()
-    return next((why for regex, why in _SECRET_FILES if regex.fullmatch(p)), None)
+    return next((why for spec, why in _SECRET_FILES if spec.match_file(p)), None)
 
 # %% ../nbs/10_images.ipynb #8f62d29f
 def _link_problem(path: Path, # a link in the project
@@ -257,11 +240,11 @@ def context_files(root: str | Path, # a project folder
                  ) -> tuple[list[str], dict[str, str]]:
     "The files of project `root` that go into its image, and those left out for a reason worth telling, with it."
     root, files, told = Path(root).resolve(), [], {}
-    inc = [r for p in include if (r := _rule(p, parents=True))]
+    inc = GitIgnoreSpec.from_lines(filter(_readable, include))
     docker = ignore_rules(root / ".dockerignore", docker=True)
-    for r, why in _entries(root, docker=docker, reach=lambda rel: _reaches(list(include), rel) or ignored(inc, rel)):
+    for r, why in _entries(root, docker=docker, reach=lambda rel: _reaches(list(include), rel) or inc.match_file(rel + "/")):
         if why not in (None, "ignored"): told[r] = why
-        elif ignored(inc, r): files.append(r)
+        elif inc.match_file(r): files.append(r)
         elif why and r not in _ALWAYS: continue
         elif secret := is_secret(r): told[r] = f"{secret}: name it with --include to stage it"
         else: files.append(r)
