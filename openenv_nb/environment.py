@@ -9,11 +9,13 @@ __all__ = ['ActT', 'ObsT', 'StateT', 'Transform', 'Environment', 'overrides', 'e
 
 # %% ../nbs/01_environment.ipynb #bccbafd0
 import inspect
+import math
 import typing
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Generic, TypeVar
 
 from fastcore.basics import patch
+from .rubrics import Rubric
 from .types import Action, EnvironmentMetadata, Observation, State, type_args
 
 # %% ../nbs/01_environment.ipynb #ac0a0db8
@@ -28,8 +30,12 @@ class Transform(ABC, Generic[ObsT]):
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     "An episode-based environment, Gymnasium style: `reset`, then `step` until `done`."
     SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing, so one server may hold many at once
+    rubric: Rubric | None = None  # scores each step, when the environment computes its reward with one
+    reward_range: tuple[float, float] = (-math.inf, math.inf)  # every step's reward lies within it
+    max_return: float | None = None  # the best total reward of one episode, when there is one
 
-    def __init__(self, transform: Transform | None = None): self.transform = transform
+    def __init__(self, transform: Transform | None = None, rubric: Rubric | None = None):
+        self.transform, self.rubric = transform, rubric
 
     @abstractmethod
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> ObsT:
@@ -81,6 +87,40 @@ def get_metadata(self: Environment) -> EnvironmentMetadata:
     doc = (inspect.getdoc(type(self)) or "").strip().splitlines()
     return EnvironmentMetadata(name=name, description=doc[0] if doc else f"{name} environment", version="1.0.0")
 
+# %% ../nbs/01_environment.ipynb #f4d9bcc3
+@patch
+def _apply_rubric(self: Environment, action: ActT, observation: ObsT) -> float:
+    "The rubric's score of `action` and `observation`; `0.0` without a rubric."
+    if getattr(self, "rubric", None) is None: return 0.0
+    score = self.rubric(action, observation)
+    if inspect.isawaitable(score):
+        if inspect.iscoroutine(score): score.close()
+        raise TypeError(f"{type(self.rubric).__name__} scores asynchronously: use `await self._apply_rubric_async(...)` in `step_async`")
+    return score
+
+# %% ../nbs/01_environment.ipynb #2876b3f5
+@patch
+async def _apply_rubric_async(self: Environment, action: ActT, observation: ObsT) -> float:
+    "The rubric's score, awaited when the rubric is async; `0.0` without a rubric."
+    if getattr(self, "rubric", None) is None: return 0.0
+    score = self.rubric(action, observation)
+    return await score if inspect.isawaitable(score) else score
+
+# %% ../nbs/01_environment.ipynb #251b7b35
+@patch
+def _reset_rubric(self: Environment):
+    "Clear what the rubric kept of the last episode; call it in `reset`."
+    if getattr(self, "rubric", None) is not None: self.rubric.reset()
+
+# %% ../nbs/01_environment.ipynb #46ba3e2f
+@patch
+async def _reset_rubric_async(self: Environment):
+    "`_reset_rubric` for `reset_async`: awaits a rubric's `reset_async` where it has one."
+    r = getattr(self, "rubric", None)
+    if r is None: return
+    done = r.reset_async() if hasattr(r, "reset_async") else r.reset()
+    if inspect.isawaitable(done): await done
+
 # %% ../nbs/01_environment.ipynb #7b4f3cfe
 def env_types(env: type | Callable # an `Environment` subclass (or a factory annotated with one)
              ) -> tuple[type[Action] | None, type[Observation] | None, type[State]]:
@@ -92,3 +132,15 @@ def env_types(env: type | Callable # an `Environment` subclass (or a factory ann
     obs = getattr(cls, "observation_type", None) or args[1]
     st = getattr(cls, "state_type", None) or args[2] or State
     return act, obs, st
+
+# %% ../nbs/01_environment.ipynb #f9dfc18a
+@patch
+def reference_solution(self: Environment) -> list | None:
+    "Actions that earn `max_return` from the episode just reset; `None` when the environment declares none."
+    return None
+
+# %% ../nbs/01_environment.ipynb #c954e6fa
+@patch
+def answer(self: Environment) -> str | None:
+    "What the agent must find in the episode just reset, which no observation may show; `None` when there is none."
+    return None

@@ -1,15 +1,20 @@
 """`openenv validate --url` against real servers: ours pass (echo, coding, with the web page, a scaffolded project);
-hand-made servers that each break one criterion fail, naming it; a server that never answers fails on its timeouts."""
+hand-made servers that each break one criterion fail, naming it; a server that never answers fails on its timeouts.
+The static and semantic levels: every builtin passes; environments broken on purpose (`broken_envs`) each fail the
+one check they break, whether named, given as a class, served by a project folder, or reached by URL."""
 import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import broken_envs
 from broken_servers import BROKEN
 from conftest import start_server
-from openenv_nb.validate import validate_url
+from openenv_nb.scaffold import init_project
+from openenv_nb.validate import LEVELS, SEMANTIC, format_report, validate, validate_env, validate_project, validate_url
 
 # what else fails, of necessity, when a criterion breaks
 CONSEQUENCES = {"openapi_version_available": {"mode_endpoint_consistency"},  # no paths to tell the mode from
@@ -83,3 +88,104 @@ def test_nothing_listening_fails_cleanly():
     r = openenv("validate", "--url", "http://127.0.0.1:9", "--timeout", "1")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "Request failed: ConnectionError" in r.stdout
+
+
+# --- levels: static and semantic ------------------------------------------------------------------------------------
+
+STATIC = {"json_schemas", "reserved_tool_names"}
+
+
+def level_of(check): return "static" if check in STATIC else "semantic"
+
+
+def test_guess_passes_every_check_at_every_level():
+    """The well-made environment runs every check, none skipped, at each level; each level adds to the one below."""
+    ids = []
+    for level in LEVELS:
+        report = validate_env(broken_envs.Guess, level=level)
+        assert report["passed"] and not report["summary"]["skipped_criteria"], format_report(report)
+        assert [c["id"] for c in report["criteria"]][:len(ids)] == ids
+        ids = [c["id"] for c in report["criteria"]]
+    assert ids[-6:] == list(SEMANTIC) and len(ids) == 3 + 10 + 6
+
+
+@pytest.mark.parametrize("check", list(broken_envs.BROKEN))
+def test_each_broken_environment_fails_its_check_alone(check):
+    if check == "json_schemas": pytest.importorskip("jsonschema", reason="the misspelt type is caught by the meta-schema")
+    report = validate(f"broken_envs:{broken_envs.BROKEN[check]}", level=level_of(check))
+    assert not report["passed"] and report["summary"]["failed_criteria"] == [check], format_report(report)
+    failed = next(c for c in report["criteria"] if c["id"] == check)
+    assert failed["details"], failed  # says why
+
+
+def test_a_failed_determinism_skips_isolation_with_its_reason():
+    report = validate_env(broken_envs.Nondeterministic, level="semantic")
+    iso = report["criteria"][-1]
+    assert (iso["id"], iso["skipped"], report["summary"]["skipped_criteria"]) == ("episode_isolation", True, ["episode_isolation"])
+    assert "episode_determinism" in iso["details"]
+
+
+def test_an_environment_of_one_session_skips_isolation_with_its_reason():
+    class Lonely(broken_envs.Guess): SUPPORTS_CONCURRENT_SESSIONS = False
+    report = validate_env(Lonely, level="semantic")
+    assert report["passed"] and report["summary"]["skipped_criteria"] == ["episode_isolation"], format_report(report)
+    assert "fewer than 8 sessions at once" in report["criteria"][-1]["details"]
+
+
+def test_a_tool_with_a_plain_name_passes():
+    report = validate_env(broken_envs.PlainToolName)
+    assert report["passed"] and report["criteria"][2]["details"] == "none reserved among the 1 listed", report["criteria"]
+
+
+@pytest.mark.parametrize("target", ["echo", "coding", "gym:CartPole-v1"])
+def test_builtins_pass_the_semantic_level(target):
+    if target == "coding": pytest.importorskip("smolagents", reason="the coding environment needs smolagents")
+    if target.startswith("gym:"): pytest.importorskip("gymnasium", reason="gym environments need the gym extra")
+    report = validate(target, level="semantic", timeout=30)
+    assert report["passed"], format_report(report)
+    played = [c for c in report["criteria"] if c["id"] in SEMANTIC and not c.get("skipped")]
+    assert [c["id"] for c in played] == ["episode_determinism", "reward_range", "episode_isolation"], format_report(report)
+
+
+def test_the_report_is_json_and_says_each_reason():
+    report = validate_env(broken_envs.Leaky, level="semantic")
+    assert json.loads(json.dumps(report, allow_nan=False)) == report
+    text = format_report(report).splitlines()
+    assert text[0].startswith("openenv validate Leaky --level semantic")
+    at = next(i for i, l in enumerate(text) if l.split()[:2] == ["FAIL", "no_solution_leakage"])
+    assert "the answer is shown at seed 1, the reset" in text[at + 1], text[at + 1]
+    assert all(l.split()[0] in ("PASS", "FAIL", "SKIP") for l in text[1:-1] if not l.startswith(" " * 10)), text
+    assert text[-1] == "FAILED: 1 of 19 required checks failed (no_solution_leakage)"
+
+
+def test_a_project_folder_is_served_in_process_for_the_semantic_level(tmp_path):
+    """A project whose app is a broken environment fails its check; one made by `openenv init` passes."""
+    good = init_project("guess_env", tmp_path, log=None)
+    report = validate(str(good), level="semantic")
+    assert report["passed"] and report["level"] == "semantic", format_report(report)
+    leaky = tmp_path / "leaky"
+    leaky.mkdir()
+    (leaky / "leaky_env.py").write_text(Path(broken_envs.__file__).read_text())
+    (leaky / "openenv.yaml").write_text("name: leaky\napp: leaky_env:Leaky\n")
+    report = validate_project(leaky, level="semantic")
+    failed = [c["id"] for c in report["criteria"] if c["required"] and not c["passed"]]
+    assert failed == ["no_solution_leakage"], format_report(report)  # (and warnings: no Dockerfile, README, pyproject)
+
+
+def test_by_url_the_checks_that_need_the_code_say_so(server):
+    """A server known by its URL cannot show its answer: the check says so; given the class, the check runs."""
+    url = server("broken_envs:Leaky")
+    report = validate_url(url, level="semantic")
+    leak = next(c for c in report["criteria"] if c["id"] == "no_solution_leakage")
+    assert report["passed"] and leak["skipped"] and "known by its URL only" in leak["details"], format_report(report)
+    floor = next(c for c in report["criteria"] if c["id"] == "floor_gap")
+    assert floor["skipped"]
+    report = validate_url(url, level="semantic", max_return=1.0)  # declared by the caller
+    assert next(c for c in report["criteria"] if c["id"] == "floor_gap")["passed"] is True
+    report = validate_url(url, level="semantic", env=broken_envs.Leaky)
+    assert report["summary"]["failed_criteria"] == ["no_solution_leakage"], format_report(report)
+
+
+def test_a_url_has_no_static_level(echo_url):
+    with pytest.raises(ValueError, match="runtime or semantic"): validate(echo_url, level="static")
+    with pytest.raises(ValueError, match="level must be one of"): validate(".", level="deep")
