@@ -6,9 +6,9 @@ Columns:
   time per session. Every step crosses client -> server -> worker process -> server -> client.
 - ours (lib): ``openenv_nb.sandbox.Sandbox(ready=2)`` used directly, no server: the sandbox's own cost.
 
-A reset takes a worker from the sandbox's ready pool (two workers started ahead of time, refilled in the background
-from the fork server's own pre-forked spare). Resets back to back drain the pool and wait for forks; a reset after
-an episode of steps, as a rollout does it, finds a worker ready. Both are measured.
+A reset takes a worker from the sandbox's ready pool (two workers forked and confined ahead of time, refilled by a
+background thread while the episode runs; the only warm-up the sandbox has). Resets back to back drain the pool and
+wait for forks; a reset after an episode of steps, as a rollout does it, finds a worker ready. Both are measured.
 - floor:      smolagents' ``LocalPythonExecutor`` called in this process, configured as OpenEnv's coding environment
   configures it (``additional_authorized_imports=["json"]``, its default 30 s timeout, OpenEnv's two helper tools).
   No process boundary, no limits: the floor under any sandbox.

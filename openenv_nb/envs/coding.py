@@ -14,7 +14,7 @@ import os
 import re
 from uuid import uuid4
 
-from fastcore.basics import patch
+from fastcore.basics import patch, store_attr
 from pydantic import Field
 
 from ..client import EnvClient, HTTPEnvClient
@@ -27,12 +27,14 @@ class CodeAction(Action):
     "Python source to run in the episode's sandbox."
     code: str = Field(description="Python source; variables, functions and imports persist across the episode's steps")
 
+# %% ../../nbs/envs/coding.ipynb #92bb2815
 class CodeObservation(Observation):
     "What running the code produced."
     stdout: str = Field(default="", description="What the code printed, then the value of its last statement when not None")
     stderr: str = Field(default="", description="A traceback when the code failed, or the limit it hit")
     exit_code: int = Field(default=0, description="0 on success, 1 on an error, 124 past the wall-clock limit, 128+N when the worker died of signal N")
 
+# %% ../../nbs/envs/coding.ipynb #e0903d3b
 class CodeState(State):
     "Episode bookkeeping, with the exit code of the last step."
     last_exit_code: int = Field(default=0, description="Exit code of the last step")
@@ -45,16 +47,17 @@ class CompositeTransform(Transform):
         for t in self.transforms: observation = t(observation)
         return observation
 
+# %% ../../nbs/envs/coding.ipynb #00527e4c
+def _parse(code: str):
+    "The AST of `code`, or `None` when it does not parse (pathological nesting included)."
+    try: return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError): return None
+
 # %% ../../nbs/envs/coding.ipynb #f6229d2e
 _PATTERNS = [(re.compile(p), v) for p, v in [(r"\bimport\s+os\b", "import os"), (r"\bimport\s+subprocess\b", "import subprocess"),
              (r"\beval\s*\(", "eval"), (r"\bexec\s*\(", "exec"), (r"\b__import__\s*\(", "__import__"), (r"\bopen\s*\(", "open"),
              (r"\.open\s*\(", "open")]]
 _MODULES, _CALLS = {"os", "subprocess"}, {"eval", "exec", "open", "__import__"}
-
-def _parse(code: str):
-    "The AST of `code`, or `None` when it does not parse (pathological nesting included)."
-    try: return ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError): return None
 
 def safety_violation(code: str) -> str | None:
     "The dangerous pattern in `code` that OpenEnv's safety reward penalises, if any."
@@ -84,10 +87,11 @@ class CodeSafetyTransform(Transform):
         elif observation.reward is None: observation.reward = 0.0
         return observation
 
+# %% ../../nbs/envs/coding.ipynb #ed0f2026
 class CodeQualityTransform(Transform):
     "Add `concise_bonus` for code of at most `max_length_threshold` characters, `syntax_penalty` for code that does not parse."
     def __init__(self, concise_bonus: float = 0.1, max_length_threshold: int = 100, syntax_penalty: float = -0.2):
-        self.concise_bonus, self.max_length_threshold, self.syntax_penalty = concise_bonus, max_length_threshold, syntax_penalty
+        store_attr("concise_bonus,max_length_threshold,syntax_penalty")  # named: `Generic` gives `__slots__ = ()`
     def __call__(self, observation):
         if not isinstance(observation, CodeObservation): return observation
         score = 0.0
@@ -98,6 +102,7 @@ class CodeQualityTransform(Transform):
         observation.reward = score if observation.reward is None else observation.reward + score
         return observation
 
+# %% ../../nbs/envs/coding.ipynb #75252520
 def create_safe_coding_transform() -> CompositeTransform:
     "OpenEnv's reward for the coding environment: safety, then quality."
     return CompositeTransform([CodeSafetyTransform(), CodeQualityTransform()])
@@ -123,7 +128,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         "Start a new episode in a fresh worker: nothing of the previous one survives."
         self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0, last_exit_code=0)
         layers = self.sandbox.start(seed=seed)
-        return self._apply_transform(CodeObservation(metadata={"status": "ready", "sandbox": layers}))
+        return self._apply_transform(CodeObservation(metadata={"status": "ready", "sandbox": layers.to_json()}))
 
     def step(self, action: CodeAction, # the code to run
              timeout_s: float | None = None, # wall-clock limit of this step; default the configuration's
@@ -137,22 +142,26 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
                                                      metadata=self._step_metadata(action.code, r, fresh)))
 
     @property
-    def state(self) -> CodeState: return self._state
-
-    def close(self):
-        "End the episode's worker."
-        self.sandbox.stop()
+    def state(self) -> CodeState:
+        "The episode's bookkeeping."
+        return self._state
 
 # %% ../../nbs/envs/coding.ipynb #9b4359bb
 @patch
 def _step_metadata(self: CodingEnvironment, code: str, r, fresh: bool) -> dict:
     "A step's metadata: the code, and what the sandbox did when it was more than run it."
     meta = {"last_code": code}
-    if fresh: meta["sandbox"] = self.sandbox.layers
+    if fresh: meta["sandbox"] = self.sandbox.layers.to_json()
     if r.limit: meta["limit"] = r.limit
     if r.state_lost: meta["state_lost"] = True
     if any(r.cut.values()): meta["cut"] = r.cut
     return meta
+
+# %% ../../nbs/envs/coding.ipynb #ee6d6cd4
+@patch
+def close(self: CodingEnvironment):
+    "End the episode's worker."
+    self.sandbox.stop()
 
 # %% ../../nbs/envs/coding.ipynb #4b3bfccc
 _README = """Runs Python sent as `CodeAction(code=...)` in a sandboxed worker process per session, and observes
@@ -172,5 +181,6 @@ class CodingEnv(EnvClient[CodeAction, CodeObservation, CodeState]):
     "Client for the coding environment; `CodingEnv.from_local()` serves one on this machine."
     default_target = "coding"
 
+# %% ../../nbs/envs/coding.ipynb #4783bfee
 class CodingHTTPEnv(HTTPEnvClient[CodeAction, CodeObservation, CodeState]):
     "HTTP client for the coding environment (stateless: each step runs in a fresh worker)."
