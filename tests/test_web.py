@@ -7,20 +7,16 @@ import importlib.util
 import json
 import os
 import shutil
-import threading
-import time
-from contextlib import contextmanager
 from enum import Enum
 from typing import Literal
 
 import pytest
-import uvicorn
 from pydantic import Field, field_validator
 
 from conftest import ROOT, need, start_server
 from openenv_nb.client import GenericEnvClient
 from openenv_nb.environment import Environment
-from openenv_nb.server import bind, create_app
+from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import Action, Observation, State
 
 pytestmark = pytest.mark.browser
@@ -76,22 +72,6 @@ class KnobsEnv(Environment[Knobs, Dial, State]):
 
 
 # ---- fixtures ----
-@contextmanager
-def in_thread(app):
-    """Serve `app` with uvicorn in a thread of this process; its base URL."""
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline: time.sleep(0.01)
-    try: yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        t.join(10)
-        sock.close()
-
-
 @pytest.fixture(scope="module")
 def browser():
     try: from playwright.sync_api import sync_playwright
@@ -114,7 +94,7 @@ def echo_web(browser):
 
 @pytest.fixture(scope="module")
 def knobs_web(browser):
-    with in_thread(create_app(KnobsEnv, web=True)) as url: yield url
+    with serve_in_thread(create_app(KnobsEnv, web=True)) as url: yield url
 
 
 @pytest.fixture
@@ -258,18 +238,19 @@ def test_invalid_values_are_shown_and_not_sent(open_page, knobs_web):
     page.click("#step")
     for field in ("count", "scale", "tags"): expect(page.locator(f"#error-field-{field}")).not_to_have_text("")
     shot(page, "web-field-errors.png")
-    time.sleep(0.3)
-    assert [f["type"] for f in sent] == ["reset"], sent  # no step was sent
+    page.click("#state")  # a round trip: any step sent before it would be recorded before it
+    expect(page.locator("#state-view")).to_contain_text('"step_count": 0')
+    assert [f["type"] for f in sent] == ["reset", "state"], sent  # no step was sent
     expect(page.locator("#history tbody tr")).to_have_count(1)
     page.click("#reset-options summary")
     page.fill("#reset-seed", "-1")
     page.click("#reset")
     expect(page.locator("#error-reset-seed")).to_have_text("Must be at least 0")
-    assert [f["type"] for f in sent] == ["reset"], sent
+    assert [f["type"] for f in sent] == ["reset", "state"], sent
     for field, value in [("count", "4"), ("scale", "0.5"), ("tags", "[]")]: page.fill(f"#field-{field}", value)
     page.click("#step")
     expect(page.locator("#observation")).to_contain_text("hi hi hi hi")
-    assert [f["type"] for f in sent] == ["reset", "step"]
+    assert [f["type"] for f in sent] == ["reset", "state", "step"]
     assert sent[-1]["data"] == {"message": "hi", "count": 4, "scale": 0.5, "loud": False, "mode": "plain", "tags": []}
 
 

@@ -1,14 +1,27 @@
 """The WebSocket session protocol against a real server in a subprocess."""
 import asyncio
 import json
-import time
+import threading
 
 import pytest
 import requests
 from websockets.asyncio.client import connect
 
 from openenv_nb.client import ws_url
-from openenv_nb.envs.echo import EchoAction, EchoEnv
+from openenv_nb.environment import Environment
+from openenv_nb.envs.echo import EchoAction, EchoEnv, EchoEnvironment
+
+
+class Gate(EchoEnvironment):
+    """Echo whose step 'wait' blocks, in the server's thread pool, until another session steps 'open' (served as
+    `test_ws:Gate`): a server that let one session stall the others would never answer the 'open'."""
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    opened = threading.Event()
+    def step(self, action, timeout_s=None, **kwargs):
+        if action.message == "open": Gate.opened.set()
+        if action.message == "wait" and not Gate.opened.wait(60): raise TimeoutError("no session stepped 'open'")
+        return super().step(action, timeout_s, **kwargs)
+    step_async = Environment.step_async  # blocking methods: run in the thread pool
 
 
 async def raw(url, *frames, extensions=None):
@@ -139,23 +152,20 @@ def test_a_factory_that_fails_gives_factory_error(server):
     assert err["data"]["code"] == "FACTORY_ERROR" and "no such resource" in err["data"]["message"]
     assert health(url)["active_sessions"] == 0
     r = requests.post(url + "/reset")
-    assert r.status_code == 500 and r.json()["detail"] == {"code": "FACTORY_ERROR", "message": "OSError: no such resource"}
+    assert r.status_code == 500 and r.json()["detail"] == {
+        "code": "FACTORY_ERROR", "message": "Could not create the environment: OSError: no such resource"}
 
 
 def test_a_slow_session_does_not_stall_the_others(server):
-    url = server("helpers:Sleepy", max_sessions=8)
+    url = server("test_ws:Gate", max_sessions=8)
     async def go():
         async with EchoEnv(url) as slow, EchoEnv(url) as quick:
             await slow.reset(); await quick.reset()
-            t0 = time.monotonic()
-            slow_step = asyncio.create_task(slow.step(EchoAction(message="sleep 2")))
-            await asyncio.sleep(0.1)
-            for _ in range(20): await quick.step(EchoAction(message="fast"))
-            quick_done = time.monotonic() - t0
-            await slow_step
-            return quick_done, time.monotonic() - t0
-    quick_done, slow_done = asyncio.run(go())
-    assert quick_done < 1.5 <= slow_done, (quick_done, slow_done)
+            waiting = asyncio.create_task(slow.step(EchoAction(message="wait")))  # blocks a pool thread until "open"
+            for _ in range(20): await quick.step(EchoAction(message="fast"))  # would never be answered if it stalled
+            await quick.step(EchoAction(message="open"))
+            return await waiting
+    assert asyncio.run(go()).observation.echoed_message == "wait"
 
 
 def test_an_abandoned_connection_is_reaped(server):
