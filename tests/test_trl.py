@@ -1,0 +1,178 @@
+"""TRL's own `GRPOTrainer` with `environment_factory` against real openenv-nb servers, on CPU, with no download:
+a tiny random model and a tokenizer built here (`openenv_nb.trl.tiny_*`)."""
+import os
+import random
+from statistics import mean
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import need, start_server
+from openenv_nb.envs.echo import EchoEnvironment
+from openenv_nb.trl import environment_factory, mcp_tools, tiny_causal_lm, tiny_chat_tokenizer
+
+pytestmark = pytest.mark.trl
+
+
+class Lottery(EchoEnvironment):
+    """Echo whose reset pays the dataset's `bonus` column plus a random share, so that the rollouts of one prompt
+    differ and GRPO has something to learn from. Served by the tests' server as `test_trl:Lottery`."""
+    def reset(self, seed=None, episode_id=None, bonus=0.0, **kwargs):
+        obs = super().reset(seed=seed, episode_id=episode_id)
+        obs.reward = float(bonus) + random.random()
+        return obs
+
+
+@pytest.fixture(scope="module")
+def trl_kit():
+    """TRL, its config and `datasets` (imported here, not at the top, so that the server process that imports this
+    module for `Lottery` stays light)."""
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        need("trl", False, f"needs TRL and torch: pip install 'openenv-nb[trl]' ({e})")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return SimpleNamespace(Dataset=Dataset, GRPOConfig=GRPOConfig, GRPOTrainer=GRPOTrainer)
+
+
+def config(kit, tmp_path, **kwargs):
+    "A GRPO config for CPU: tiny batches, a log line per step, nothing saved or reported."
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=8,
+                max_steps=2, logging_steps=1, learning_rate=1e-2, report_to="none", save_strategy="no", use_cpu=True, seed=0)
+    return kit.GRPOConfig(**{**base, **kwargs})
+
+
+def rows(kit, n=8, **columns):
+    "A dataset of `n` rows with one prompt and `columns`."
+    return kit.Dataset.from_list([{"prompt": [{"role": "user", "content": "Say hello with the echo tool."}], **columns}] * n)
+
+
+def recorder(seen: list):
+    "A reward function that gives nothing and records what TRL hands it: each rollout's completion and environment."
+    def record(completions, environments, **kwargs):
+        seen.append([(c, e, e.resets, e.get_reward()) for c, e in zip(completions, environments)])
+        return [0.0] * len(completions)
+    return record
+
+
+def test_grpo_trains_against_a_served_environment(trl_kit, tmp_path):
+    "Two optimisation steps; each rollout resets its own pooled instance; the environment's reward is what TRL logs."
+    server = start_server("test_trl:Lottery")
+    Env, seen = environment_factory(server, name="Lottery"), []
+    try:
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[recorder(seen)], args=config(trl_kit, tmp_path),
+                                      train_dataset=rows(trl_kit, bonus=2.0), processing_class=tok, environment_factory=Env)
+        trainer.train()
+        instances = list(Env._instances)
+        resets = sum(e.resets for e in instances)
+    finally:
+        Env.close()
+        server.stop()
+    assert trainer.state.global_step == 2
+    logs = [h for h in trainer.state.log_history if "rewards/Lottery/mean" in h]
+    assert len(logs) == len(seen) == 2, (logs, seen)
+    rollouts = [(id(e), n) for batch in seen for _, e, n, _ in batch]
+    assert len(set(rollouts)) == len(rollouts) == resets == 4  # every rollout reset its environment, once
+    for log, batch in zip(logs, seen):
+        assert len({id(e) for _, e, _, _ in batch}) == len(batch)  # one instance per rollout
+        rewards = [r for *_, r in batch]
+        assert all(2.0 <= r < 3.0 for r in rewards), rewards  # the `bonus` column reached the environment's reset
+        assert log["rewards/Lottery/mean"] == pytest.approx(mean(rewards), rel=1e-5)
+        assert log["reward"] == pytest.approx(mean(rewards), rel=1e-5)  # the recorder adds 0
+    assert any(h["grad_norm"] > 0 for h in logs)  # rollouts of one prompt differed: the reward moved the weights
+
+
+CALL = '<tool_call>\n{"name": "echo", "arguments": {"message": "hello"}}\n</tool_call><|im_end|>'
+
+
+def scripted(trainer, tok, call=CALL):
+    "Make TRL's generation answer with a tool call, and with plain text once the prompt holds the tool's response."
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        answer = lambda ids: "Done.<|im_end|>" if "<tool_response>" in tok.decode(ids) else call
+        return [tok(answer(ids), add_special_tokens=False)["input_ids"] for ids in prompt_ids], None
+    trainer._generate_single_turn = generate
+
+
+def tool_exchange(completion: list) -> tuple:
+    "The tool call, the tool's answer and what came after, from one rollout's messages."
+    call, answer, after = completion
+    return call["tool_calls"][0]["function"], (answer["role"], answer["name"], answer["content"]), after["content"]
+
+
+def test_a_tool_call_reaches_the_server_and_its_result_comes_back(trl_kit, tmp_path, echo_url):
+    "TRL parses the tool call, calls the method, the step reaches the server, and the observation is the tool message."
+    Echo, seen = environment_factory(echo_url), []
+    try:
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[recorder(seen)],
+                                      args=config(trl_kit, tmp_path, max_steps=1, max_completion_length=256),
+                                      train_dataset=rows(trl_kit), processing_class=tok, environment_factory=Echo)
+        scripted(trainer, tok)
+        trainer.train()
+        steps = [e.client.state()["step_count"] for _, e, _, _ in seen[0]]
+    finally: Echo.close()
+    assert steps == [1, 1]  # one step per rollout, in that rollout's own session
+    for completion, env, _, reward in seen[0]:
+        assert tool_exchange(completion) == ({"name": "echo", "arguments": {"message": "hello"}},
+                                             ("tool", "echo", '{"echoed_message": "hello", "message_length": 5}'), "Done.")
+        assert reward == pytest.approx(0.5)  # 0.1 per character, added up by the instance
+    log = next(h for h in trainer.state.log_history if "rewards/EchoEnvironment/mean" in h)
+    assert (log["tools/call_frequency"], log["tools/failure_frequency"]) == (1.0, 0.0)
+    assert log["rewards/EchoEnvironment/mean"] == pytest.approx(0.5)
+
+
+def test_async_tools_and_several_environments(trl_kit, tmp_path, echo_url):
+    "A dict of factories (one with async tools): each row goes to its environment, and each logs its own reward."
+    envs = {"sync": environment_factory(echo_url, name="SyncEcho"),
+            "async": environment_factory(echo_url, name="AsyncEcho", async_tools=True)}
+    seen = []
+    data = trl_kit.Dataset.from_list([{**r, "environment": name} for r, name in zip(rows(trl_kit, 2), envs)])
+    try:
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[recorder(seen)],
+                                      args=config(trl_kit, tmp_path, max_steps=1, max_completion_length=256, per_device_train_batch_size=4),
+                                      train_dataset=data, processing_class=tok, environment_factory=envs)
+        scripted(trainer, tok)
+        trainer.train()
+    finally:
+        for cls in envs.values(): cls.close()
+    assert sorted(type(e).__name__ for _, e, _, _ in seen[0]) == ["AsyncEcho", "AsyncEcho", "SyncEcho", "SyncEcho"]
+    for completion, env, _, reward in seen[0]:
+        assert tool_exchange(completion)[1][2] == '{"echoed_message": "hello", "message_length": 5}'
+        assert reward == pytest.approx(0.5)
+    log = next(h for h in trainer.state.log_history if "rewards/AsyncEcho/mean" in h)
+    assert log["rewards/AsyncEcho/mean"] == pytest.approx(0.5) and log["rewards/SyncEcho/mean"] == pytest.approx(0.5)
+    assert log["tools/failure_frequency"] == 0.0
+
+
+def test_a_tool_environment_gives_one_method_per_tool(trl_kit, tmp_path):
+    "An MCP tool environment: each tool a method whose schema is the tool's; TRL's call is a step whose value comes back."
+    from transformers.utils import get_json_schema
+    server, Tools, seen = start_server("openenv_nb.mcp:MCPEchoEnvironment"), None, []
+    try:
+        listed = {t.name: t for t in mcp_tools(server.base_url)}
+        if not listed: pytest.skip("the server lists no tools for MCPEchoEnvironment: create_app does not serve MCP tools yet")
+        Tools = environment_factory(server)
+        env = Tools()
+        assert sorted(s.name for s in Tools._specs) == ["echo_message", "echo_with_length"] == sorted(listed)
+        for name, tool in listed.items():
+            got = get_json_schema(getattr(env, name))["function"]
+            want = {k: v for k, v in tool.input_schema.items() if k in ("type", "properties", "required")}
+            assert (got["description"], got["parameters"]) == (tool.description, want)
+        env.reset()
+        assert env.echo_with_length(message="hi") == '{"message": "hi", "length": 2}'
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[recorder(seen)],
+                                      args=config(trl_kit, tmp_path, max_steps=1, max_completion_length=256),
+                                      train_dataset=rows(trl_kit), processing_class=tok, environment_factory=Tools)
+        scripted(trainer, tok, CALL.replace('"echo"', '"echo_message"'))
+        trainer.train()
+        steps = [e.client.state()["step_count"] for _, e, _, _ in seen[0]]
+    finally:
+        if Tools is not None: Tools.close()
+        server.stop()
+    assert steps == [1, 1]
+    for completion, *_ in seen[0]:
+        assert tool_exchange(completion)[1] == ("tool", "echo_message", "hello")
