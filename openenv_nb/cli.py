@@ -1,4 +1,4 @@
-"""The `openenv` command: `init` a project, `serve` it, `validate` it, `build` its image, `push` it to a Space; or run a `demo`.
+"""The `openenv` command: `init` a project, `serve` it, `validate` it, `build` its image, `push` it to a Space; `list` the environments known here, or run a `demo`.
 
 Docs: https://openenv-nb.github.io/openenv-nb/cli.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/cli.html.md"""
 
 # %% auto #0
 __all__ = ['FAILURES', 'EPILOG', 'CommandError', 'cmd_serve', 'cmd_init', 'cmd_validate', 'cmd_build', 'cmd_push', 'cmd_demo',
-           'parser', 'main']
+           'cmd_list', 'parser', 'main']
 
 # %% ../nbs/07_cli.ipynb #3cdfeed0
 import argparse
@@ -21,6 +21,7 @@ from .images import ImageBuildError, build, default_tag, is_builtin
 from .manifest import ManifestError, load_manifest, manifest_path
 from .providers import die_with_parent
 from .push import PushError, push
+from .registry import format_table, list_envs
 from .scaffold import ScaffoldError, init_project, placeholders
 from .server import serve
 from .targets import TargetError, app_for, resolve
@@ -42,7 +43,7 @@ def _app_and_port(a: Namespace) -> tuple:
 
 # %% ../nbs/07_cli.ipynb #40a33389
 def cmd_serve(a: Namespace) -> int:
-    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), or module:attribute."
+    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), or module:attribute."
     die_with_parent()
     app, port = _app_and_port(a)
     serve(app, host=a.host, port=port, log_level=a.log_level)
@@ -146,6 +147,13 @@ def cmd_demo(a: Namespace) -> int:
         _episode(env, a.messages or ["Hello", "from", "openenv-nb!"])
     return 0
 
+# %% ../nbs/07_cli.ipynb #dbca4242
+def cmd_list(a: Namespace) -> int:
+    "List the environments known here: the built-ins, the families, and those that installed packages declare."
+    entries = list_envs()
+    print(json.dumps([e.model_dump() for e in entries], indent=2) if a.json else format_table(entries))
+    return 0
+
 # %% ../nbs/07_cli.ipynb #3bf13125
 EPILOG = """the environment author's path:
   openenv init my_env                            a new project in ./my_env
@@ -174,8 +182,10 @@ def _serve_parser(sub):
     "`openenv serve TARGET`."
     s = _sub(sub, "serve", cmd_serve, "serve an environment",
              "examples:\n  openenv serve echo --port 0       a free port, printed\n  openenv serve ./my_env --web      with the web page at /web\n"
+             "  openenv serve gym:CartPole-v1     any Gymnasium environment (pip install \"openenv-nb[gym]\")\n"
              "  openenv serve my_pkg.env:MyEnvironment")
-    s.add_argument("target", help="a project folder (with openenv.yaml), a built-in (echo, coding), or module:attribute "
+    s.add_argument("target", help="a project folder (with openenv.yaml), a built-in (echo, coding), a family's (gym:ID, openspiel:GAME, "
+                                   "textarena:ID, chess), or module:attribute "
                                    "(an Environment class, a factory, or an app)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it (default: the project's, else 8000)")
@@ -238,6 +248,14 @@ def _demo_parser(sub):
     d.add_argument("messages", nargs="*", help="messages to send (default: a greeting)")
     d.add_argument("--target", default="echo", help=argparse.SUPPRESS)
 
+# %% ../nbs/07_cli.ipynb #a479ae4a
+def _list_parser(sub):
+    "`openenv list [--json]`."
+    l = _sub(sub, "list", cmd_list, "list the environments known here",
+             "examples:\n  openenv list\n  openenv list --json     name, target, source, description, action fields, problem\n\n"
+             "A package adds its own with an entry point in group openenv_nb.envs: NAME = \"module:attribute\".")
+    l.add_argument("--json", action="store_true", help="print the list as JSON")
+
 # %% ../nbs/07_cli.ipynb #e49fc031
 def parser() -> argparse.ArgumentParser:
     "The `openenv` argument parser."
@@ -245,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
                                 "with OpenEnv (openenv-nb).", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"openenv-nb {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_init_parser, _serve_parser, _validate_parser, _build_parser, _push_parser, _demo_parser): add(sub)
+    for add in (_init_parser, _serve_parser, _list_parser, _validate_parser, _build_parser, _push_parser, _demo_parser): add(sub)
     return p
 
 # %% ../nbs/07_cli.ipynb #ab4b7d30

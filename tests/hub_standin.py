@@ -116,3 +116,57 @@ async def commit(org: str, name: str, revision: str, request: Request):
 async def unknown(path: str, request: Request):
     CALLS[-1]["unknown"] = True
     return JSONResponse({"error": f"the stand-in does not serve /{path}"}, status_code=404)
+
+
+# Reading Spaces back, as `AutoEnv.from_hub` does (tests/test_registry.py): a Space's info, its file tree, its files.
+# Anyone reads a public Space, and only the token holder a private one. `PUT /_spaces/ORG/NAME`, the tests' own, sets
+# where the Space's app answers (`host`) and its `stage`, or makes a Space with `files` that no push made.
+from fastapi.responses import Response
+
+
+def _readable(repo_id: str, request: Request):
+    repo = REPOS.get(repo_id)
+    if repo is None or (repo["private"] and not _authorized(request)):
+        return None, JSONResponse({"error": "Repository not found"}, status_code=404, headers={"X-Error-Code": "RepoNotFound"})
+    return repo, None
+
+
+def _sha(data) -> str:
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@app.put("/_spaces/{org}/{name}")
+async def set_space(org: str, name: str, request: Request):
+    repo = REPOS.setdefault(f"{org}/{name}", {"type": "space", "sdk": "docker", "private": False, "files": {}, "secrets": {}})
+    repo.update(await request.json())
+    return {"ok": True}
+
+
+@app.get("/api/spaces/{org}/{name}")
+@app.get("/api/spaces/{org}/{name}/revision/{revision}")
+def space_info(org: str, name: str, request: Request, revision: str = "main"):
+    repo, denied = _readable(f"{org}/{name}", request)
+    if denied: return denied
+    return {"id": f"{org}/{name}", "sha": _sha(repo["files"]), "private": bool(repo["private"]), "sdk": repo["sdk"],
+            "host": repo.get("host"), "runtime": {"stage": repo.get("stage", "RUNNING")},
+            "siblings": [{"rfilename": p} for p in sorted(repo["files"])]}
+
+
+@app.get("/api/spaces/{org}/{name}/tree/{revision}")
+def tree(org: str, name: str, revision: str, request: Request):
+    repo, denied = _readable(f"{org}/{name}", request)
+    if denied: return denied
+    return [{"type": "file", "path": p, "size": len(t.encode()), "oid": _sha(t)} for p, t in sorted(repo["files"].items())]
+
+
+@app.api_route("/spaces/{org}/{name}/resolve/{revision}/{path:path}", methods=["GET", "HEAD"])
+def resolve_file(org: str, name: str, revision: str, path: str, request: Request):
+    repo, denied = _readable(f"{org}/{name}", request)
+    if denied: return denied
+    if path not in repo["files"]:
+        return JSONResponse({"error": "Entry not found"}, status_code=404, headers={"X-Error-Code": "EntryNotFound"})
+    text = repo["files"][path]
+    return Response(text.encode(), headers={"X-Repo-Commit": _sha(repo["files"]), "ETag": f'"{_sha(text)}"'})
+
+
+app.router.routes.sort(key=lambda r: getattr(r, "path", "") == "/{path:path}")  # the catch-all answers last
