@@ -25,7 +25,7 @@ from .registry import format_table, list_envs
 from .scaffold import ScaffoldError, init_project, placeholders
 from .server import serve
 from .targets import TargetError, app_for, resolve
-from .validate import format_report, validate_project, validate_url
+from .validate import LEVELS, format_report, validate
 
 # %% ../nbs/07_cli.ipynb #c082962a
 class CommandError(Exception):
@@ -90,9 +90,10 @@ def _note(line: str):
 
 # %% ../nbs/07_cli.ipynb #41642698
 def cmd_validate(a: Namespace) -> int:
-    "Check a project folder (its manifest, what it names, its files), or a running server (--url) against the protocol."
+    "Check a project folder, an environment or a running server (--url), at the level asked for."
     url = _server_url(a)
-    report = validate_url(url, timeout=a.timeout) if url else validate_project(a.path or ".", log=_note)
+    try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note)
+    except ValueError as e: raise CommandError(str(e)) from None
     print(json.dumps(report, indent=2) if a.json else format_report(report))
     return 0 if report["passed"] else 1
 
@@ -114,7 +115,7 @@ def _image_tag(a: Namespace) -> str | None:
 def cmd_build(a: Namespace) -> int:
     "Build an environment's Docker image: a project folder, or a built-in (echo, coding). Needs a Docker engine."
     args, tag = _build_args(a.build_arg or []), _image_tag(a)
-    try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache, network=a.network, log=print)
+    try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache, network=a.network, include=a.include or (), log=print)
     except ImageBuildError as e: raise CommandError(f"the image was not built: {e}") from e
     except FileNotFoundError as e: raise CommandError(str(e)) from e
     except Exception as e: raise CommandError(f"{type(e).__name__}: {e} (is a Docker engine running?)") from e
@@ -123,7 +124,8 @@ def cmd_build(a: Namespace) -> int:
 # %% ../nbs/07_cli.ipynb #8a494416
 def cmd_push(a: Namespace) -> int:
     "Deploy a project to a Hugging Face Space: stage it, create the Space, upload, print its URL."
-    push(a.path, repo_id=a.repo_id, private=a.private, dry_run=a.dry_run, interface=a.interface, base_image=a.base_image)
+    push(a.path, repo_id=a.repo_id, private=a.private, dry_run=a.dry_run, web=a.web, base_image=a.base_image,
+         include=a.include, token_secret=a.token_secret)
     return 0
 
 # %% ../nbs/07_cli.ipynb #e9b750ff
@@ -204,13 +206,16 @@ def _init_parser(sub):
 
 # %% ../nbs/07_cli.ipynb #ff7edd9c
 def _validate_parser(sub):
-    "`openenv validate [PATH] [--url URL] [--json] [--timeout S]`."
+    "`openenv validate [PATH] [--url URL] [--level L] [--json] [--timeout S]`."
     v = _sub(sub, "validate", cmd_validate, "check a project, or a running server",
              "examples:\n  openenv validate                                  the project in this folder\n"
-             "  openenv validate --url http://127.0.0.1:8000 --json\n\nexit status: 0 when every required check passes, 1 otherwise")
-    v.add_argument("path", nargs="?", default=None, metavar="PATH", help="a project folder (default: the current one), or a server's URL")
+             "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo --level semantic            play episodes and check they mean something\n\nexit status: 0 when every required check passes, 1 otherwise")
+    v.add_argument("path", nargs="?", default=None, metavar="PATH",
+                   help="a project folder (default: the current one), an environment (echo, gym:CartPole-v1, module:attribute), or a server's URL")
     v.add_argument("--url", help="a running server's base URL: check it against the protocol, with a real episode")
     v.add_argument("--json", action="store_true", help="print the report as JSON (OpenEnv's report layout)")
+    v.add_argument("--level", choices=LEVELS, default=None, help="static (no server), runtime (the protocol) or semantic "
+                   "(episodes played for meaning); default: runtime for a URL, static otherwise")
     v.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds for each request (default: %(default)s)")
 
 # %% ../nbs/07_cli.ipynb #c34a0bf4
@@ -225,10 +230,12 @@ def _build_parser(sub):
     b.add_argument("--build-arg", action="append", metavar="K=V", help="a build argument; repeat for more (never a secret: they stay in the image)")
     b.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     b.add_argument("--network", metavar="MODE", help="network for the build's RUN steps, e.g. host")
+    b.add_argument("--include", action="append", default=[], metavar="PATTERN", help="put files matching PATTERN (.gitignore syntax) "
+                   "in the context although an ignore file or the secret-file rules leave them out; repeat for more")
 
 # %% ../nbs/07_cli.ipynb #029e5ab7
 def _push_parser(sub):
-    "`openenv push [PATH] [--repo-id ORG/NAME] [--private] [--dry-run] [--interface/--no-interface]`."
+    "`openenv push [PATH] [--repo-id ORG/NAME] [--private] [--dry-run] [--web] [--include PATTERN] [--token-secret]`."
     p = _sub(sub, "push", cmd_push, "deploy a project to a Hugging Face Space",
              "examples:\n  openenv push --dry-run                       stage this project and list what would go\n"
              "  openenv push my_env --repo-id my-org/my_env --private\n\n"
@@ -237,8 +244,12 @@ def _push_parser(sub):
     p.add_argument("--repo-id", metavar="ORG/NAME", help="the Space (default: YOUR-USERNAME/the manifest's name)")
     p.add_argument("--private", action="store_true", help="make the Space private")
     p.add_argument("--dry-run", action="store_true", help="stage the Space in a folder and list it; upload nothing")
-    p.add_argument("--interface", action=argparse.BooleanOptionalAction, default=True,
-                   help="serve the web interface at /web in the Space (default: on)")
+    p.add_argument("--web", "--interface", dest="web", action=argparse.BooleanOptionalAction, default=False,
+                   help="serve the web interface at /web in the Space (default: off)")
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN", help="upload files matching PATTERN (.gitignore syntax) "
+                   "although an ignore file or the secret-file rules leave them out; repeat for more")
+    p.add_argument("--token-secret", action="store_true", help="set the Space secret OPENENV_TOKEN ($OPENENV_TOKEN, else a new one "
+                   "printed once): the server then asks every client for it")
     p.add_argument("--base-image", metavar="IMG", help="the Dockerfile's default BASE_IMAGE in the Space")
 
 # %% ../nbs/07_cli.ipynb #f3584192

@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/push.html.md"""
 
 # %% auto #0
 __all__ = ['SPACE_LEFT_OUT', 'LOGIN_HELP', 'REPO_RE', 'PushError', 'front_matter', 'space_readme', 'space_dockerfile',
-           'stage_space', 'listing', 'hub_user', 'push']
+           'stage_space', 'listing', 'hub_user', 'space_host', 'push']
 
 # %% ../nbs/15_push.ipynb #b97c292e
 import os
@@ -206,7 +206,7 @@ def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callab
     return url
 
 # %% ../nbs/15_push.ipynb #1e5e73a9
-def _space_host(repo_id: str) -> str:
+def space_host(repo_id: str) -> str:
     "Where the Hub serves the app of Space `repo_id`."
     return f"https://{re.sub(r'[^a-z0-9-]', '-', repo_id.lower().replace('/', '-'))}.hf.space"
 
@@ -220,10 +220,9 @@ def push(path: str | Path = ".", # the project folder
          include: tuple = (), # wildmatch patterns of project files to upload although ignored or secret
          token_secret: bool = False, # set the Space secret `OPENENV_TOKEN` (`$OPENENV_TOKEN`, else a new one)
          log: Callable = print, # where progress goes
-         interface: bool | None = None, # the former name of `web`, for callers not yet moved
         ) -> str:
     "Deploy the project at `path` to a Hugging Face Space; the Space's URL (the staged folder's path, with `dry_run`)."
-    m, web = load_manifest(path), web if interface is None else interface
+    m = load_manifest(path)
     if repo_id is not None and not REPO_RE.match(repo_id): raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
     how, kw = _how(m, private, web, token_secret), dict(web=web, base_image=base_image, include=tuple(include))
     if warning := _open_warning(private, token_secret): log(warning)
@@ -235,5 +234,5 @@ def push(path: str | Path = ".", # the project folder
     repo_id = repo_id or f"{hub_user(api, hf_token)}/{m.name}"
     url = _upload(api, m, repo_id, private, how, log, token=_server_token(log) if token_secret else None, **kw)
     log(f"Pushed {m.name} {m.version} to {url}")
-    if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {_space_host(repo_id)}")
+    if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {space_host(repo_id)}")
     return url

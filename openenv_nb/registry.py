@@ -23,7 +23,7 @@ from .client import EnvClient, GenericEnvClient
 from .environment import env_types
 from .images import default_tag, is_builtin
 from .manifest import MANIFEST, Manifest, ManifestError, load_manifest
-from .push import REPO_RE, _space_host
+from .push import REPO_RE, space_host
 from .targets import BUILTINS, FAMILIES, TargetError, family, load_family, load_ref
 
 # %% ../nbs/16_registry.ipynb #b3e28d2a
@@ -190,7 +190,7 @@ def space_url(info # `huggingface_hub`'s `SpaceInfo` of the Space
     "Where the app of the Space `info` describes answers; a `SpaceError` when the Hub says none is running."
     stage = info.runtime.stage if info.runtime else None
     if stage in STOPPED: raise SpaceError(f"Space {info.id} is not running ({stage}): see it on the Hub, or serve its code here with local=True")
-    return info.host or _space_host(info.id)
+    return info.host or space_host(info.id)
 
 # %% ../nbs/16_registry.ipynb #8f6da4ca
 def space_headers(info, # `huggingface_hub`'s `SpaceInfo` of the Space
