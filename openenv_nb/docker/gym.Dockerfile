@@ -1,0 +1,37 @@
+# Gymnasium's environments, served by openenv-nb. Build it with `openenv build gym`: that stages the context this file expects
+# (`.openenv/` holds a wheel of openenv-nb made from the local source, and the requirements of its server and of
+# the `gym` extra). One image serves the whole family: pick what it serves at run time with OPENENV_TARGET,
+# e.g. `docker run -e OPENENV_TARGET='gym:FrozenLake-v1?is_slippery=false' ...`.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# the server's requirements and the gym extra's (gymnasium), in a layer of their own: reused until they change
+COPY .openenv/requirements.txt /opt/openenv/requirements.txt
+RUN python -m pip install -r /opt/openenv/requirements.txt
+
+# the pure-Python environments (classic control, toy text) need nothing more; others, and rendered frames, need
+# Gymnasium's own extras: name them at build time, e.g. --build-arg EXTRA_PACKAGES="gymnasium[classic-control,box2d]"
+ARG EXTRA_PACKAGES=""
+RUN if [ -n "$EXTRA_PACKAGES" ]; then python -m pip install $EXTRA_PACKAGES; fi
+
+# openenv-nb itself, from the wheel of the local source (its requirements are all installed above)
+COPY .openenv/ /opt/openenv/
+RUN python -m pip install --no-deps /opt/openenv/*.whl
+
+# the server runs as a user without privileges
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin openenv
+USER 10001
+WORKDIR /home/openenv
+
+# OPENENV_TOKEN, given at run time (`docker run -e OPENENV_TOKEN=...`, or a Space secret), makes the server ask
+# every client for it as a bearer token. The server reads it from its environment, which `exec` hands on: never
+# set it here (it would stay in the image) nor pass it as an argument (`ps` and `docker inspect` would show it).
+
+# what to serve (frames, `render_mode=rgb_array`, are drawn without a display), and where to listen: containers sharing the host's network are each given their own PORT
+ENV OPENENV_TARGET=gym:CartPole-v1 SDL_VIDEODRIVER=dummy HOST=0.0.0.0 PORT=8000 MAX_SESSIONS=64 LOG_LEVEL=info
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"]
+CMD ["sh", "-c", "exec openenv serve \"$OPENENV_TARGET\" --host \"$HOST\" --port \"$PORT\" --max-sessions \"$MAX_SESSIONS\" --log-level \"$LOG_LEVEL\""]
