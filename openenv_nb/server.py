@@ -7,18 +7,22 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 # %% auto #0
 __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'listed', 'Op', 'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg',
            'Session', 'gather_eager', 'serve_session', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
-           'add_info_routes', 'add_http_routes', 'mcp', 'web_enabled', 'ConcurrencyError', 'create_app', 'bind',
-           'server_config', 'serve', 'serve_in_thread']
+           'add_info_routes', 'add_http_routes', 'mcp', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError',
+           'create_app', 'bind', 'LogGuard', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import re
 import socket
 import threading
+import time
 import types
 import typing
+from contextvars import ContextVar
 from typing import Any, Callable, Literal
 
 import uvicorn
@@ -30,8 +34,9 @@ from fastcore.meta import delegates
 from starlette.websockets import WebSocket, WebSocketState
 
 from . import __version__
-from .actions import (ENVELOPE, MESSAGES, CloseMsg, HTTPError, Hub, ResetMsg, StateMsg, StepMsg, accepted, act,
-                                call_env, decode, factory_error, http_reply, reply, unreadable)
+from .actions import (ENVELOPE, MESSAGES, CloseMsg, Doors, HTTPError, Hub, ResetMsg, StateMsg, StepMsg, accepted,
+                                act, at_capacity, call_env, chosen_protocol, decode, factory_error, heads, http_reply,
+                                next_message, reply, unreadable)
 from .environment import Environment, env_types
 from .types import Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State, StepRequest, error_frame
 from .web import add_web_interface
@@ -194,18 +199,25 @@ async def act_batch(self, m: BaseModel) -> dict:
 # %% ../nbs/02_server.ipynb #666e4da2
 async def _send(ws: WebSocket, frame: dict): await ws.send_text(json.dumps(frame))
 
-# %% ../nbs/02_server.ipynb #bfedc9f5
-async def _receive(ws: WebSocket, timeout: float | None) -> dict | None:
-    "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
-    try:
-        async with asyncio.timeout(timeout): return await ws.receive()
-    except TimeoutError: return None
-
 # %% ../nbs/02_server.ipynb #9d2f1640
 def _reaped(hub: Hub) -> dict:
     "The frame that tells a silent client its session is over."
     return error_frame(ErrorCode.SESSION_ERROR, f"Session closed after {hub.session_timeout:g} s without a message "
                        "(idle sessions are reaped to free their slot)")
+
+# %% ../nbs/02_server.ipynb #2e2ca218
+def _aged(hub: Hub) -> dict:
+    "The frame that tells a client its session has lasted as long as sessions may."
+    return error_frame(ErrorCode.SESSION_ERROR, f"Session closed after {hub.max_session_age:g} s, the longest a session may "
+                       "last on this server (max_session_age); open a new one")
+
+# %% ../nbs/02_server.ipynb #76e47bd7
+def _timeout(hub: Hub, end: float | None # when the session must end (`time.monotonic`), if ever
+            ) -> float | None:
+    "Seconds the next frame may take: the idle limit, or less when the session's end comes first (0: it has come)."
+    if end is None: return hub.session_timeout
+    left = max(0.0, end - time.monotonic())
+    return left if hub.session_timeout is None else min(left, hub.session_timeout)
 
 # %% ../nbs/02_server.ipynb #22177af3
 async def serve_session(hub: Hub, # the server's shared state
@@ -216,13 +228,14 @@ async def serve_session(hub: Hub, # the server's shared state
     if "batch" not in ext:
         try: env = await hub.make_env()
         except Exception as e: return await _send(ws, factory_error(hub, e))
-    session = Session(hub, env, ext)
+    session, end = Session(hub, env, ext), None if hub.max_session_age is None else time.monotonic() + hub.max_session_age
     try:
-        while (msg := await _receive(ws, hub.session_timeout)) is not None:
+        while (wait := hub.session_timeout if end is None else _timeout(hub, end)) != 0 and \
+              (msg := await next_message(ws, wait)) is not None:
             if msg["type"] == "websocket.disconnect": return
             if (out := await session.handle(msg.get("text"))) is None: return
             await _send(ws, out)
-        await _send(ws, _reaped(hub))
+        await _send(ws, _reaped(hub) if wait == hub.session_timeout else _aged(hub))  # the limit that ran out
     finally:
         if env is not None: await hub.close_env(env)
         await session.release()
@@ -230,15 +243,14 @@ async def serve_session(hub: Hub, # the server's shared state
 # %% ../nbs/02_server.ipynb #20b97d6a
 async def _refuse(ws: WebSocket, hub: Hub):
     "Tell a client that the server is full, and close."
-    await _send(ws, error_frame(ErrorCode.CAPACITY_REACHED, f"Server at capacity: {hub.active} of {hub.max_sessions} "
-                "sessions in use; try again later", active_sessions=hub.active, max_sessions=hub.max_sessions))
+    await _send(ws, at_capacity(hub))
     await ws.close(code=1013, reason="capacity reached")
 
 # %% ../nbs/02_server.ipynb #7541cf2e
 async def ws_endpoint(ws: WebSocket):
     "The `/ws` route: one connection, one session."
     hub: Hub = ws.app.state.hub
-    await ws.accept(headers=[(EXT_HEADER.encode(), ", ".join(EXTENSIONS).encode())])
+    await ws.accept(subprotocol=chosen_protocol(ws), headers=[(EXT_HEADER.encode(), ", ".join(EXTENSIONS).encode())])
     ext = listed(ws.headers.get(EXT_HEADER, ""))
     slot = 0 if "batch" in ext else 1  # a batch connection holds slots only for the environments it opens
     if slot and hub.active >= hub.max_sessions: return await _refuse(ws, hub)
@@ -258,21 +270,25 @@ async def one_shot(hub: Hub, # the server's shared state
                    data: dict, # the call's data
                    metadata: bool = False, # put the observation's metadata in the reply
                    **extra): # more keyword arguments for the environment's method
-    "The reply frame to one call on a fresh environment, closed afterwards."
-    made = []
+    "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot while it runs."
+    if hub.active >= hub.max_sessions: return at_capacity(hub)
+    hub.active, made = hub.active + 1, []
     async def fresh() -> Environment:
         made.append(await hub.make_env())
         return made[0]
     try: return await act(hub, fresh, kind, data, metadata, **extra)
     finally:
         if made: await hub.close_env(made[0])
+        hub.active -= 1
 
 # %% ../nbs/02_server.ipynb #746b9e6e
 class Health(BaseModel):
     "What `/health` answers."
     status: str = Field(description="`healthy` while the server serves")
-    active_sessions: int = Field(description="Open WebSocket sessions (`health-capacity` extension)")
-    max_sessions: int = Field(description="Sessions the server will hold")
+    active_sessions: int = Field(description="Environments in use: WebSocket sessions, `batch` environments, HTTP calls running (`health-capacity` extension)")
+    max_sessions: int = Field(description="Environments the server will hold")
+    connections: int = Field(description="WebSockets open: sessions, `batch` connections and web pages")
+    max_connections: int = Field(description="WebSockets the server will hold open")
 
 # %% ../nbs/02_server.ipynb #51bdc176
 class Schemas(BaseModel):
@@ -326,6 +342,80 @@ async def mcp(request: Request) -> dict:
                           "Invalid request: expected a JSON-RPC 2.0 object with 'jsonrpc' and 'method'")
     if req["method"] == "tools/list": return {"jsonrpc": "2.0", "id": req.get("id"), "result": {"tools": []}}
     return _rpc_error(req.get("id"), -32601, f"Method not found: {req['method']} (this environment has no tools)")
+
+# %% ../nbs/02_server.ipynb #342bc1f1
+_denied: ContextVar[bool] = ContextVar("openenv_denied", default=False)  # set in the task of a refused handshake
+
+async def deny(scope: dict, receive, send, # the ASGI call to refuse
+               status: int, # the HTTP status
+               code: str, # what kind of refusal, e.g. `UNAUTHORIZED`
+               message: str): # what was refused and how to get in, for a person
+    "Refuse an HTTP request, or a WebSocket before it is accepted, with `status` and `{\"detail\": {code, message}}`."
+    response = JSONResponse({"detail": {"code": code, "message": message}}, status,
+                            headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+    if scope["type"] == "http": return await response(scope, receive, send)
+    if (await receive())["type"] != "websocket.connect": return
+    _denied.set(True)
+    if "websocket.http.response" in scope.get("extensions", {}): return await response(scope, receive, send)
+    await send({"type": "websocket.close", "code": 1008, "reason": f"{status} {code}"})
+
+# %% ../nbs/02_server.ipynb #9118ed15
+def _replay(body: bytes, receive) -> Callable:
+    "A `receive` that hands out `body` once, then the real `receive`'s messages (a disconnect, say)."
+    sent = False
+    async def again():
+        nonlocal sent
+        if sent: return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return again
+
+# %% ../nbs/02_server.ipynb #ed28aace
+class Guard:
+    "ASGI middleware at a server's door: origins, token, body size and open WebSockets, checked once per request or handshake."
+    def __init__(self, app, # the app behind the door
+                 hub: Hub): # the server's shared state: its `doors`, `connections` and limits
+        self.app, self.hub = app, hub
+
+# %% ../nbs/02_server.ipynb #fe37e825
+@patch_to(Guard)
+async def __call__(self, scope: dict, receive, send):
+    "Refuse what the doors refuse; count WebSockets; bound HTTP bodies; pass the rest to the app."
+    if scope["type"] not in ("http", "websocket"): return await self.app(scope, receive, send)
+    h = heads(scope)
+    if (no := self.hub.doors.refusal(scope, h)) is not None: return await deny(scope, receive, send, *no)
+    if scope["type"] == "websocket": return await self.socket(scope, receive, send)
+    await self.request(scope, receive, send, h)
+
+# %% ../nbs/02_server.ipynb #d5a47885
+@patch_to(Guard)
+async def socket(self, scope: dict, receive, send):
+    "Let a WebSocket in while fewer than `max_connections` are open, and count it while it is."
+    hub = self.hub
+    if hub.connections >= hub.max_connections:
+        return await deny(scope, receive, send, 503, "CAPACITY_REACHED", f"Server at its connection limit: {hub.connections}/"
+                          f"{hub.max_connections} WebSockets open; try again later")
+    hub.connections += 1
+    try: await self.app(scope, receive, send)
+    finally: hub.connections -= 1
+
+# %% ../nbs/02_server.ipynb #0e74058b
+def _too_large(limit: int, size: int | None = None) -> str:
+    return (f"Request body of {size} bytes" if size else "Request body") + f" is over this server's limit of {limit} bytes (max_body)"
+
+# %% ../nbs/02_server.ipynb #cd66fedd
+@patch_to(Guard)
+async def request(self, scope: dict, receive, send, h: dict):
+    "Read an HTTP request's body as it streams in, at most `max_body` bytes of it (413 past that), then call the app."
+    limit = self.hub.doors.max_body
+    size = int(h["content-length"]) if h.get("content-length", "").isdigit() else 0
+    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit, size))
+    chunks, size, more = [], 0, True
+    while more:
+        if (msg := await receive())["type"] != "http.request": return  # the client went away
+        chunks.append(msg.get("body", b"")); size += len(chunks[-1]); more = msg.get("more_body", False)
+        if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit))
+    await self.app(scope, _replay(b"".join(chunks), receive), send)
 
 # %% ../nbs/02_server.ipynb #1aa0d3b7
 def web_enabled(web: bool | None = None) -> bool:
@@ -384,20 +474,28 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
                observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
                env_name: str | None = None, # name in the app's title (`/metadata` comes from the environment, as in OpenEnv)
-               max_concurrent_envs: int = 1, # how many WebSocket sessions may be open at once
-               session_timeout: float | None = 300.0, # seconds of silence after which a session is reaped; `None` never
+               max_concurrent_envs: int = 1, # environments the sessions and HTTP calls may hold at once
+               session_timeout: float | None = 300.0, # seconds of silence after which a session or page is reaped; `None` never
                max_message_size: int = 1 << 20, # longest text frame accepted, in characters
                workers: int | None = None, # threads for environments with blocking methods
                metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the environment's own
                web: bool | None = None, # serve the web interface at `/web`; `None` reads `ENABLE_WEB_INTERFACE`
+               max_timeout_s: float | None = None, # longest `timeout_s` a step may ask for; `None`: the environment's own limit only
+               max_session_age: float | None = None, # seconds a WebSocket session may last; `None` no limit
+               max_connections: int | None = None, # WebSockets open at once, of every kind; `None`: `max_concurrent_envs + 64`
+               max_body: int | None = None, # largest HTTP request body, in bytes; `None`: `max_message_size`
+               token: str | None = None, # the bearer token callers must send; `None` reads `OPENENV_TOKEN`; `""` none
+               allow_origins: list[str] | str | None = None, # browser origins let in besides the server's own; `None` reads `OPENENV_ALLOW_ORIGINS`
               ) -> FastAPI:
     "A FastAPI app serving `env` over HTTP and `/ws`."
     cls, action_cls, observation_cls, state_cls = _classes(env, action_cls, observation_cls, max_concurrent_envs)
     hub = Hub(env, action_cls, observation_cls, state_cls, max_concurrent_envs, session_timeout or None, max_message_size,
-              workers, metadata)
+              workers, metadata, max_timeout_s, max_session_age or None, max_connections,
+              Doors(token, allow_origins, max_body or max_message_size))
     app = FastAPI(title=f"openenv-nb: {env_name or cls.__name__}", version="1.0.0",
                   description=f"{cls.__name__} served by openenv-nb {__version__}", lifespan=_lifespan)
     app.state.hub = hub
+    app.add_middleware(Guard, hub=hub)
     add_info_routes(app, hub)
     add_http_routes(app, hub)
     app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0 (no tools)")
@@ -415,13 +513,31 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.listen(2048)
     return sock
 
+# %% ../nbs/02_server.ipynb #7ae47f7a
+_TOKENS = re.compile(r"(?i)(bearer[ .])[^\s,;'\"]+")
+_UNFINISHED = "ASGI callable returned without completing handshake."
+
+class LogGuard(logging.Filter):
+    "Blanks bearer tokens in what uvicorn logs, and drops its false error after a refused WebSocket handshake."
+
+# %% ../nbs/02_server.ipynb #a96f5762
+@patch_to(LogGuard)
+def filter(self, record: logging.LogRecord) -> bool:
+    "Let `record` through with its tokens blanked; drop uvicorn's false error in the task of a refused handshake."
+    if record.msg == _UNFINISHED and _denied.get(): return False
+    if "earer" in (text := record.getMessage()): record.msg, record.args = _TOKENS.sub(r"\1[redacted]", text), None
+    return True
+
 # %% ../nbs/02_server.ipynb #ec4ee88a
+_log_guard = LogGuard()
+
 def server_config(app: FastAPI, # the app to serve
                   log_level: str = "info", # uvicorn's log level
                   ws_max_size: int = 16 << 20, # largest WebSocket frame the transport reads, in bytes
                   compression: bool = False, # accept permessage-deflate when a client offers it
                  ) -> uvicorn.Config:
-    "The uvicorn settings every openenv-nb server runs with."
+    "The uvicorn settings every openenv-nb server runs with (and `LogGuard` on uvicorn's log)."
+    logging.getLogger("uvicorn.error").addFilter(_log_guard)
     return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size, ws_per_message_deflate=compression,
                           ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)
 

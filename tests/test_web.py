@@ -11,6 +11,8 @@ from enum import Enum
 from typing import Literal
 
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 from pydantic import Field, field_validator
 
 from conftest import ROOT, need, start_server
@@ -288,3 +290,71 @@ def test_coding_env(open_page, server):
     expect(page.locator("#history tbody tr")).to_have_count(3, timeout=30_000)
     expect(page.locator("#observation")).to_contain_text("nope")
     shot(page, "web-coding.png")
+
+
+# ---- the doors: a token, another site, an idle page ----
+def test_page_asks_for_the_token_once_and_keeps_it_for_the_tab(browser):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(KnobsEnv, web=True, token="s3cret-t0ken")) as url:
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        page.goto(url + "/web")
+        expect(page.locator("#status")).to_have_text("token needed")
+        page.fill("#token-input", "wrong")
+        page.click("#token-connect")
+        expect(page.locator("#token-error")).to_have_text("The server refused this token.")
+        page.fill("#token-input", "s3cret-t0ken")
+        page.press("#token-input", "Enter")
+        expect(page.locator("#status")).to_have_text("live")
+        expect(page.locator("#token-form")).to_be_hidden()
+        page.click("#reset")
+        expect(page.locator("#history tbody tr")).to_have_count(1)
+        page.reload()  # the tab keeps it
+        expect(page.locator("#status")).to_have_text("live")
+        assert page.evaluate("sessionStorage.getItem('openenv-nb-token')") == "s3cret-t0ken"
+        shot(page, "web-token.png")
+        fresh = browser.new_context()  # another browser session: asked again
+        other = fresh.new_page()
+        other.goto(url + "/web")
+        expect(other.locator("#status")).to_have_text("token needed")
+        fresh.close(); ctx.close()
+
+
+ATTACK = """<!doctype html><script>
+window.result = new Promise((done) => {
+  const ws = new WebSocket(TARGET.replace("http", "ws") + "/ws/ui");
+  ws.onmessage = (m) => { done("read: " + m.data.slice(0, 40)); ws.send(JSON.stringify({type: "step", data: {message: "pwned"}})); };
+  ws.onclose = () => done("refused");
+});
+fetch(TARGET + "/web/step", {method: "POST", mode: "no-cors", headers: {"content-type": "text/plain"},
+                              body: JSON.stringify({action: {message: "pwned"}})}).catch(() => {});
+</script>"""
+
+
+def test_a_page_from_another_site_can_neither_read_nor_drive_the_episode(browser, echo_web):
+    """Finding 1: a page on another origin opened /ws/ui, read the shared history and stepped the episode."""
+    from playwright.sync_api import expect
+    evil = FastAPI()
+    evil.get("/")(lambda: HTMLResponse(ATTACK.replace("TARGET", json.dumps(echo_web))))
+    with serve_in_thread(evil) as evil_url:
+        page = browser.new_context().new_page()
+        page.goto(evil_url + "/")
+        assert page.evaluate("window.result") == "refused"
+        page.wait_for_load_state("networkidle")  # the fetch has been answered
+    with GenericEnvClient(echo_web).sync() as trainer:  # a trainer still gets in: it sends no Origin
+        assert trainer.reset().observation["echoed_message"]
+    page = browser.new_context().new_page()
+    page.goto(echo_web + "/web")
+    expect(page.locator("#status")).to_have_text("live")
+    assert "pwned" not in page.locator("#history").text_content()
+
+
+def test_an_idle_page_is_let_go_and_comes_back_when_used(browser):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(KnobsEnv, web=True, session_timeout=1)) as url:
+        page = browser.new_context().new_page()
+        page.goto(url + "/web")
+        expect(page.locator("#status")).to_have_text("idle: click to reconnect", timeout=15_000)
+        expect(page.locator("#message")).to_contain_text("SESSION_ERROR: Page closed after 1 s without a message")
+        page.click("h1")
+        expect(page.locator("#status")).to_have_text("live")

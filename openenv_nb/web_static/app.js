@@ -13,7 +13,10 @@
     return e;
   };
 
-  const ui = { fields: [], resetFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0 };
+  const ui = { fields: [], resetFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
+               idle: false, token: "" };
+  const AUTH = document.body.dataset.auth === "bearer";  // the server asks for a token (set by the server in the page)
+  const TOKEN_KEY = "openenv-nb-token", IDLE = 4000;  // where the tab keeps the token; the close code of an idle page
 
   // ---- form rules (the same as `parse_field` in openenv_nb/web.py) ----
   const NUMBER = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
@@ -156,9 +159,40 @@
   }
 
   // ---- talking to the server ----
-  function wsURL() {
-    const base = location.pathname.replace(/\/web\/?$/, "").replace(/\/+$/, "");
-    return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${base}/ws/ui`;
+  function basePath() { return location.pathname.replace(/\/web\/?$/, "").replace(/\/+$/, ""); }
+
+  function wsURL() { return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${basePath()}/ws/ui`; }
+
+  // ---- the token: asked once, kept for the tab (sessionStorage), sent as a subprotocol (a page cannot set headers) ----
+  function storedToken() {
+    try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ui.token; }
+  }
+
+  function storeToken(t) {
+    ui.token = t;
+    try { if (t) sessionStorage.setItem(TOKEN_KEY, t); else sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* private mode */ }
+  }
+
+  function b64url(s) {
+    let bin = "";
+    for (const b of new TextEncoder().encode(s)) bin += String.fromCharCode(b);
+    return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+
+  function askToken(why) {
+    setStatus(false, "token needed");
+    $("#token-error").textContent = why || "";
+    $("#token-form").hidden = false;
+    $("#token-input").value = "";
+    $("#token-input").focus();
+  }
+
+  async function checkToken() {  // the socket was refused: was it the token? (the page cannot read a refused handshake)
+    try {
+      const r = await fetch(`${basePath()}/schema`, { headers: { Authorization: `Bearer ${storedToken()}` }, cache: "no-store" });
+      if (r.status === 401) { storeToken(""); return askToken("The server refused this token."); }
+    } catch (e) { /* the server is away: try again below */ }
+    retryLater();
   }
 
   function send(type, data, onReply) {
@@ -172,21 +206,30 @@
 
   function setBusy(busy) { for (const b of document.querySelectorAll(".buttons button")) b.disabled = busy; }
 
+  function retryLater() { setTimeout(connect, Math.min(5000, 300 * 2 ** ui.retry++)); }
+
   function connect() {
-    const ws = new WebSocket(wsURL());
+    ui.idle = false;
+    if (AUTH && !storedToken()) return askToken("");
+    const ws = AUTH ? new WebSocket(wsURL(), ["openenv", `openenv.bearer.${b64url(storedToken())}`]) : new WebSocket(wsURL());
+    let opened = false;
     ui.ws = ws;
-    ws.onopen = () => { ui.retry = 0; setStatus(true); };
+    ws.onopen = () => { opened = true; ui.retry = 0; setStatus(true); };
     ws.onmessage = (ev) => {
       let m;
       try { m = JSON.parse(ev.data); } catch (e) { return showMessage("The server sent a frame that is not JSON."); }
       handle(m);
     };
-    ws.onclose = () => {
+    ws.onclose = (ev) => {
       if (ui.ws !== ws) return;
       setStatus(false); ui.waiting.clear(); setBusy(false);
-      setTimeout(connect, Math.min(5000, 300 * 2 ** ui.retry++));
+      if (ev.code === IDLE) { ui.idle = true; return setStatus(false, "idle: click to reconnect"); }  // no retry until used
+      if (!opened && AUTH) return checkToken();
+      retryLater();
     };
   }
+
+  function wake() { if (ui.idle) connect(); }
 
   function handle(m) {
     const reply = m.id !== undefined ? ui.waiting.get(m.id) : undefined;
@@ -217,10 +260,10 @@
   function showMessage(text) { const b = $("#message"); b.textContent = text; b.hidden = false; }
   function hideMessage() { $("#message").hidden = true; }
 
-  function setStatus(on) {
+  function setStatus(on, text) {
     const s = $("#status");
     s.className = `pill ${on ? "on" : "off"}`;
-    s.textContent = on ? "live" : "reconnecting…";
+    s.textContent = text || (on ? "live" : "reconnecting…");
   }
 
   function setPages(n) { $("#pages").textContent = n === 1 ? "1 page open" : `${n} pages open`; }
@@ -364,6 +407,19 @@
   document.addEventListener("keydown", (ev) => {
     if ((ev.ctrlKey || ev.metaKey) && ev.key === "Enter") { ev.preventDefault(); $("#action-form").requestSubmit(); }
   });
+
+  $("#token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const t = $("#token-input").value;
+    if (!t) return;
+    storeToken(t);
+    $("#token-input").value = "";
+    $("#token-error").textContent = "";
+    $("#token-form").hidden = true;
+    connect();
+  });
+  for (const kind of ["pointerdown", "keydown", "focus"]) window.addEventListener(kind, wake, true);
+  document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") wake(); });
 
   connect();
 })();
