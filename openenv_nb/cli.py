@@ -56,11 +56,14 @@ def _shown(p: Path) -> str:
     except ValueError: return str(p)
 
 # %% ../nbs/07_cli.ipynb #cdf74976
-def _created(name: str, proj: Path) -> str:
+def _created(name: str, proj: Path,
+             mcp: bool = False # a tool environment
+            ) -> str:
     "What `openenv init` says it made in `proj`, and what to do next."
     where, cls = _shown(proj), placeholders(name)["__ENV_CLASS__"]
+    made = f"{cls}Environment and its tools" if mcp else f"{cls}Action, {cls}Observation, {cls}Environment"
     return (f"Created {name} in {proj}\n"
-            f"  nbs/00_core.ipynb   the source: {cls}Action, {cls}Observation, {cls}Environment, the client {cls}Env\n"
+            f"  nbs/00_core.ipynb   the source: {made}, the client {cls}Env\n"
             f"  {name + '/':<19} the package, exported from the notebook (nbdev-export)\n"
             f"  openenv.yaml        the manifest: name, version, what to serve, port\n"
             f"  Dockerfile, README.md, pyproject.toml, tests/\n"
@@ -71,8 +74,8 @@ def _created(name: str, proj: Path) -> str:
 
 # %% ../nbs/07_cli.ipynb #8689b208
 def cmd_init(a: Namespace) -> int:
-    "Make a new environment project: models, environment, server and client in a notebook; openenv.yaml, Dockerfile, tests."
-    print(_created(a.name, init_project(a.name, a.output_dir, log=None)))
+    "Make a new environment project (a tool environment with `--mcp`): its notebook and package; openenv.yaml, Dockerfile, tests."
+    print(_created(a.name, init_project(a.name, a.output_dir, log=None, mcp=a.mcp), a.mcp))
     return 0
 
 # %% ../nbs/07_cli.ipynb #564091d3
@@ -198,11 +201,13 @@ def _serve_parser(sub):
 
 # %% ../nbs/07_cli.ipynb #9c15d912
 def _init_parser(sub):
-    "`openenv init NAME [-o DIR]`."
+    "`openenv init NAME [-o DIR] [--mcp]`."
     i = _sub(sub, "init", cmd_init, "make a new environment project",
-             "example:\n  openenv init maze -o ~/envs     makes ~/envs/maze, with classes MazeAction, MazeEnvironment, MazeEnv, ...")
+             "examples:\n  openenv init maze -o ~/envs     makes ~/envs/maze, with classes MazeAction, MazeEnvironment, MazeEnv, ...\n"
+             "  openenv init notes --mcp        a tool environment: NotesEnvironment (an MCPEnvironment) and its tools")
     i.add_argument("name", help="the project's name, a Python package name in snake_case (e.g. my_env)")
     i.add_argument("-o", "--output-dir", default=".", metavar="DIR", help="the folder to make the project in (default: the current one)")
+    i.add_argument("--mcp", action="store_true", help="a tool environment: an MCPEnvironment whose agent calls tools, listed and called over MCP")
 
 # %% ../nbs/07_cli.ipynb #ff7edd9c
 def _validate_parser(sub):

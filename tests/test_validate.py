@@ -1,20 +1,29 @@
 """`openenv validate --url` against real servers: ours pass (echo, coding, with the web page, a scaffolded project);
 hand-made servers that each break one criterion fail, naming it; a server that never answers fails on its timeouts.
 The static and semantic levels: every builtin passes; environments broken on purpose (`broken_envs`) each fail the
-one check they break, whether named, given as a class, served by a project folder, or reached by URL."""
+one check they break, whether named, given as a class, served by a project folder, or reached by URL. Tool
+environments: `tools/list` answers (in process at the static level, on `POST /mcp` at the runtime level), its input
+schemas are valid JSON Schema, and no tool takes a reserved name; each broken tool environment fails its check."""
 import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
 
 import broken_envs
 from broken_servers import BROKEN
 from conftest import start_server
+from openenv_nb.mcp import MCPEchoEnvironment, MCPEnvironment, rpc
 from openenv_nb.scaffold import init_project
-from openenv_nb.validate import LEVELS, SEMANTIC, format_report, validate, validate_env, validate_project, validate_url
+from openenv_nb.server import create_app, serve_in_thread
+from openenv_nb.validate import (LEVELS, SEMANTIC, format_report, schema_problems, validate, validate_env, validate_project,
+                                 validate_url)
 
 # what else fails, of necessity, when a criterion breaks
 CONSEQUENCES = {"openapi_version_available": {"mode_endpoint_consistency"},  # no paths to tell the mode from
@@ -143,8 +152,9 @@ def test_builtins_pass_the_semantic_level(target):
     if target.startswith("gym:"): pytest.importorskip("gymnasium", reason="gym environments need the gym extra")
     report = validate(target, level="semantic", timeout=30)
     assert report["passed"], format_report(report)
-    played = [c for c in report["criteria"] if c["id"] in SEMANTIC and not c.get("skipped")]
-    assert [c["id"] for c in played] == ["episode_determinism", "reward_range", "episode_isolation"], format_report(report)
+    played = {c["id"] for c in report["criteria"] if c["id"] in SEMANTIC and not c.get("skipped")}
+    # these need no declaration; the others play where the environment declares what they need (gym: max_return)
+    assert {"episode_determinism", "reward_range", "episode_isolation"} <= played, format_report(report)
 
 
 def test_the_report_is_json_and_says_each_reason():
@@ -189,3 +199,125 @@ def test_by_url_the_checks_that_need_the_code_say_so(server):
 def test_a_url_has_no_static_level(echo_url):
     with pytest.raises(ValueError, match="runtime or semantic"): validate(echo_url, level="static")
     with pytest.raises(ValueError, match="level must be one of"): validate(".", level="deep")
+
+
+# --- tool environments: tools/list, their schemas, reserved names -----------------------------------------------------
+
+class Unlisted(MCPEchoEnvironment):
+    "A tool environment whose `tools/list` fails."
+    def list_tools(self): raise RuntimeError("the tool registry is down")
+
+
+class Misspelt(MCPEchoEnvironment):
+    "A tool whose hand-written input schema misspells a type."
+    def __init__(self):
+        super().__init__()
+        t = self.toolset.tools["echo_message"]
+        self.toolset.add(replace(t, input_schema={**t.input_schema, "properties": {"message": {"type": "strnig"}}}))
+
+
+class Stepping(MCPEchoEnvironment):
+    "Lists a tool named `step`, slipped past the check that `@tool` makes when a class is defined."
+    def __init__(self):
+        super().__init__()
+        self.toolset.add(replace(self.toolset.tools["echo_message"], name="step"))
+
+
+class Toolless(MCPEnvironment):
+    "A tool environment that declares no tools."
+
+
+TOOL_BROKEN = {"tools_list": Unlisted, "json_schemas": Misspelt, "reserved_tool_names": Stepping}
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def serves_tools() -> bool:
+    """Whether the server serves a tool environment's tools on `POST /mcp`."""
+    with TestClient(create_app(MCPEchoEnvironment)) as c: reply = c.post("/mcp", json=TOOLS_LIST).json()
+    return bool((reply.get("result") or {}).get("tools"))
+
+
+def needs_served_tools():
+    if not serves_tools():
+        pytest.skip("the server does not serve tools on POST /mcp yet (tools/list lists none for MCPEchoEnvironment): "
+                    "the runtime check of a tool environment served by openenv-nb waits for it")
+
+
+def rpc_app(cls, listed=None) -> FastAPI:
+    """`create_app(cls)` behind a `POST /mcp` answered by `mcp.rpc` on a fresh `cls()` (or with `listed` as the tools):
+    a tool server over the wire, whatever our own server serves."""
+    app = FastAPI(openapi_url=None)
+
+    @app.post("/mcp")
+    async def answer(request: Request):
+        if listed is not None: return {"jsonrpc": "2.0", "id": 1, "result": {"tools": listed}}
+        return await rpc(cls(), await request.body())
+
+    app.mount("/", create_app(cls, max_concurrent_envs=16))
+    return app
+
+
+def test_a_tool_environment_passes_the_static_level():
+    report = validate_env(MCPEchoEnvironment)
+    assert report["passed"], format_report(report)
+    assert [c["id"] for c in report["criteria"]] == ["app_builds", "json_schemas", "reserved_tool_names", "tools_list"]
+    assert report["criteria"][-1]["details"] == "listed: echo_message, echo_with_length"
+
+
+@pytest.mark.parametrize("check", list(TOOL_BROKEN))
+def test_each_broken_tool_environment_fails_its_check_alone(check):
+    report = validate_env(TOOL_BROKEN[check])
+    assert not report["passed"] and report["summary"]["failed_criteria"] == [check], format_report(report)
+    assert next(c for c in report["criteria"] if c["id"] == check)["details"], report["criteria"]
+
+
+def test_the_static_level_says_why():
+    details = {c["id"]: c.get("details") for cls in TOOL_BROKEN.values() for c in validate_env(cls)["criteria"] if not c["passed"]}
+    assert details == {"tools_list": "tools/list answered error -32603: RuntimeError: the tool registry is down",
+                       "json_schemas": "tool 'echo_message': properties/message/type: 'strnig' is not valid under any of the given schemas",
+                       "reserved_tool_names": "reserved: step"}
+    assert validate_env(Toolless)["summary"]["failed_criteria"] == ["tools_list"]  # nothing for an agent to call
+
+
+def test_the_schema_check_is_jsonschemas_own():
+    """A tool schema fails `json_schemas` exactly when jsonschema's `check_schema` refuses it."""
+    for s in ({"type": "object", "properties": {"m": {"type": "strnig"}}}, {"type": "object", "required": "m"},
+              {"type": "object", "properties": {"m": {"type": "string", "minLength": 1}}}, {"type": "object"}):
+        try: jsonschema.Draft202012Validator.check_schema(s); ok = True
+        except jsonschema.SchemaError: ok = False
+        assert (schema_problems(s) == []) == ok, s
+
+
+@pytest.mark.parametrize("cls, failed", [(MCPEchoEnvironment, []), (Unlisted, ["mcp_tools_list"]), (Misspelt, ["mcp_tools_list"]),
+                                         (Stepping, ["mcp_tools_list"])])
+def test_the_runtime_level_asks_tools_list_over_the_wire(cls, failed):
+    """By URL alone: the server is taken for a tool environment from its `/schema`, and what `POST /mcp` lists is checked."""
+    with serve_in_thread(rpc_app(cls)) as url: report = validate_url(url)
+    assert report["summary"]["failed_criteria"] == failed, format_report(report)
+    assert report["criteria"][-1]["id"] == "mcp_tools_list" and report["criteria"][-1]["details"]
+
+
+def test_a_tool_server_that_lists_nothing_fails_over_the_wire():
+    with serve_in_thread(rpc_app(MCPEchoEnvironment, listed=[])) as url: report = validate_url(url)
+    assert report["summary"]["failed_criteria"] == ["mcp_tools_list"], format_report(report)
+    assert report["criteria"][-1]["details"] == "no tools listed: an agent has nothing to call"
+    bad = [{"name": "close", "inputSchema": {"type": "string"}}]
+    with serve_in_thread(rpc_app(MCPEchoEnvironment, listed=bad)) as url: details = validate_url(url)["criteria"][-1]["details"]
+    assert details == ("tool 'close': inputSchema is not an object schema: {\"type\": \"string\"}; tool 'close' takes a reserved name"), details
+
+
+def test_a_classic_server_has_no_tool_check(echo_url):
+    assert "mcp_tools_list" not in [c["id"] for c in validate_url(echo_url)["criteria"]]
+
+
+def test_our_server_of_a_tool_environment_passes_the_runtime_level():
+    needs_served_tools()
+    report = validate_env(MCPEchoEnvironment, level="runtime")
+    assert report["passed"] and report["criteria"][-1]["id"] == "mcp_tools_list", format_report(report)
+
+
+@pytest.mark.parametrize("check", list(TOOL_BROKEN))
+def test_our_server_of_a_broken_tool_environment_fails_over_the_wire_too(check):
+    needs_served_tools()
+    report = validate_env(TOOL_BROKEN[check], level="runtime")
+    assert report["summary"]["failed_criteria"] == [check, "mcp_tools_list"], format_report(report)
