@@ -4,8 +4,10 @@ Echo environments, aggregate environment-steps/s for 64, 256 and 1,024 environme
 - ours, batched, one server          VectorEnv over one connection
 - ours, batched, local default       VectorEnv over one server process per core
 - ours, one frame per step           N `EchoEnv` clients, one WebSocket each
-- core, one frame per step           N openenv-core `GenericEnvClient`s against openenv-core's server
-Load runs in a separate process; server CPU per environment-step is read from /proc.
+- upstream, one frame per step       N openenv 0.10.0 `GenericEnvClient`s against openenv 0.10.0's server
+- core, one frame per step           N openenv-core 0.2.3 `GenericEnvClient`s against openenv-core's server
+Servers run as their users get them (uvicorn picks uvloop and httptools wherever installed; see bench_core's
+"server stack" row). Load runs in a separate process; server CPU per environment-step is read from /proc.
 
     python bench/bench_batch.py [--quick] [--sizes 64,256,1024] [--seconds 3]
 """
@@ -20,8 +22,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import core_python, cpu_seconds, noise_line, raise_nofile, start_server, stop, stop_all  # noqa: E402
+from bench_core import (core_python, cpu_seconds, noise_line, raise_nofile, server_stack, start_server, stop,  # noqa: E402
+                        stop_all, upstream_python)
 
+# N GenericEnvClients, one WebSocket each, written as openenv's users write them; the same script serves openenv-core
+# 0.2.3 and openenv 0.10.0 (run by each one's python).
 CORE_LOAD = r'''
 import asyncio, json, sys, time
 from openenv.core.generic_client import GenericEnvClient
@@ -86,8 +91,9 @@ def load(spec: dict) -> dict:
 def run_load(spec: dict, pids: list[int], timeout: float = 300) -> dict:
     """Run a load phase in a child process; add the servers' CPU seconds used during it."""
     c0 = sum(cpu_seconds(p) for p in pids)
-    if spec["mode"] == "core":
-        cmd = [core_python(), "-c", CORE_LOAD, spec["urls"][0], str(spec["n"]), str(spec["seconds"])]
+    if spec["mode"] in ("core", "upstream"):
+        python = core_python() if spec["mode"] == "core" else upstream_python()
+        cmd = [python, "-c", CORE_LOAD, spec["urls"][0], str(spec["n"]), str(spec["seconds"])]
     else:
         cmd = [sys.executable, __file__, "--load", json.dumps(spec)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -111,17 +117,22 @@ def main():
     sizes = [int(s) for s in a.sizes.split(",")]
     logdir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     print(noise_line("before"))
-    servers = {k: start_server(n, logdir) for k, n in [("ours1", "ours"), ("ours2", "ours"), ("core", "core")]}
+    servers = {k: start_server(n, logdir) for k, n in [("ours1", "ours"), ("ours2", "ours"), ("upstream", "upstream"),
+                                                       ("core", "core")]}
     try:
         for k, s in servers.items():
             if s.error: print(f"{k}: {s.error}")
-        o1, o2, core = servers["ours1"], servers["ours2"], servers["core"]
+        for name in ("ours", "upstream", "core"):
+            try: print(f"server stack, {name}: {server_stack(name)}")
+            except Exception as e: print(f"server stack, {name}: unknown ({e})")
+        o1, o2, up, core = servers["ours1"], servers["ours2"], servers["upstream"], servers["core"]
         cores = os.cpu_count() or 1
         phases = [("ours, batched, 1 server", "batched", [o1], [o1.http_url]),
                   (f"ours, batched, {min(cores, 2)} servers (local default)", "batched", [o1, o2][:min(cores, 2)],
                    [o1.http_url, o2.http_url][:min(cores, 2)]),
                   ("ours, one frame per step", "per_frame", [o1], [o1.http_url]),
-                  ("core, one frame per step", "core", [core], [core.http_url])]
+                  ("upstream 0.10.0, one frame per step", "upstream", [up], [up.http_url]),
+                  ("core 0.2.3, one frame per step", "core", [core], [core.http_url])]
         table = {}
         for label, mode, srv, urls in phases:
             for n in sizes:
@@ -138,16 +149,16 @@ def main():
                 cells.append(f"n/a ({r['error'][:60]})" if "error" in r else f"{r['steps'] / r['seconds']:,.0f} ({r['cpu_us']:.0f})"
                              + (f", {r['errors']} errors" if r.get("errors") else ""))
             print(f"| {label} | " + " | ".join(cells) + " |")
-        one, local = phases[0][0], phases[1][0]
+        one, local, ours_pf, up_pf, core_pf = (p[0] for p in phases)
         ratio = lambda a, b, n: (table[a, n]["steps"] / table[a, n]["seconds"]) / (table[b, n]["steps"] / table[b, n]["seconds"])
         print()
         for n in sizes:
             try:
-                print(f"{n} envs: batched / core = {ratio(one, 'core, one frame per step', n):.1f}x with 1 server, "
-                      f"{ratio(local, 'core, one frame per step', n):.1f}x with the local default; "
-                      f"batched (1 server) / ours per frame = {ratio(one, 'ours, one frame per step', n):.1f}x")
+                print(f"{n} envs: batched / upstream per frame = {ratio(one, up_pf, n):.1f}x with 1 server, "
+                      f"{ratio(local, up_pf, n):.1f}x with the local default; batched / core per frame = "
+                      f"{ratio(one, core_pf, n):.1f}x; batched (1 server) / ours per frame = {ratio(one, ours_pf, n):.1f}x")
             except (KeyError, ZeroDivisionError, TypeError): pass
-        print("\nTarget: >= 20,000 echo environment-steps/s with 256 environments, and 10x openenv-core at the same count.")
+        print("\nTarget: >= 10x upstream 0.10.0's one-frame-per-step figure with 256 environments, in the same run.")
     finally:
         for s in servers.values(): stop(s.proc)
         stop_all()
