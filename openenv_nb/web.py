@@ -17,14 +17,15 @@ from collections import deque
 from importlib import resources
 
 from fastapi import Body, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastcore.basics import patch_to
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketState
 
 from .actions import ENVELOPE, KINDS, Hub, act, chosen_protocol, http_reply, next_message, reply
 from .environment import Environment
-from .forms import form_fields
+from .forms import form_fields, image_fields, is_tool_action, reward_parts, tool_forms, tool_spec
 from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame
 
 # %% ../nbs/05_web.ipynb #cea4f579
@@ -42,6 +43,9 @@ class WebEpisode:
         self.episode = {"episode_id": None, "step_count": None}
         self.fields = form_fields(hub.action_cls.model_json_schema())
         self.reset_fields = form_fields(ResetRequest.model_json_schema())
+        self.tool_env = is_tool_action(hub.action_cls.model_json_schema())  # steps are tool calls: the page shows a form per tool
+        self.about: dict | None = None  # the environment's name, description and tools, once learnt (see `learn`)
+        self.began = False  # a reset was made: `/web/state` has an episode to report
 
 # %% ../nbs/05_web.ipynb #b7fb7385
 @patch_to(WebEpisode)
@@ -58,6 +62,12 @@ def _shown(args) -> dict:
     if not d.get("metadata", True): del d["metadata"]
     return d
 
+# %% ../nbs/05_web.ipynb #bce6a032
+def _marks(envelope: dict # a reply's envelope, metadata included
+          ) -> dict:
+    "What the page draws specially in an entry: the names of the observation's image fields, and the rubric's scores."
+    return {"images": list(image_fields(envelope.get("observation"))), "rubric": reward_parts(envelope.get("metadata"))}
+
 # %% ../nbs/05_web.ipynb #e031627f
 @patch_to(WebEpisode)
 def record(self, kind: str, # `"reset"` or `"step"`
@@ -67,10 +77,10 @@ def record(self, kind: str, # `"reset"` or `"step"`
     "Add one reset or step to the history (a reset starts it afresh); the entry every page is sent."
     try: st = self.env.state.model_dump(mode="json")
     except Exception: st = {}
-    if kind == "reset": self.history.clear()
+    if kind == "reset": self.history.clear(); self.began = True
     self.n += 1
     self.episode = {"episode_id": st.get("episode_id"), "step_count": st.get("step_count")}
-    entry = {"n": self.n, "kind": kind, "step": st.get("step_count"), "time": time.time(), "action": action, **envelope}
+    entry = {"n": self.n, "kind": kind, "step": st.get("step_count"), "time": time.time(), "action": action, **envelope, **_marks(envelope)}
     self.history.append(entry)
     return entry
 
@@ -79,19 +89,39 @@ SEND_TIMEOUT = 5.0
 
 # %% ../nbs/05_web.ipynb #afdcc642
 def _describe(hub: Hub) -> tuple[str, str]:
-    "The environment's name and one line about it, without making an instance."
+    "The environment's name and one line about it, without making an instance (what a page shows until it knows better)."
     if hub.metadata is not None: return hub.metadata.name, hub.metadata.description
     f = hub.factory
     doc = ((f.__doc__ if isinstance(f, type) else None) or "").strip().splitlines()
     return getattr(f, "__name__", type(f).__name__), doc[0] if doc else ""
+
+# %% ../nbs/05_web.ipynb #21726cb1
+def _tool_forms(tools: list # tools as listed, in any shape `forms.tool_spec` reads
+               ) -> list[dict]:
+    "The tools as the page shows them: each one's name, description and form fields (from its input schema)."
+    return [{"name": n, "description": tool_spec(t)["description"], "fields": f} for t, (n, f) in zip(tools, tool_forms(tools))]
+
+# %% ../nbs/05_web.ipynb #93fa016b
+@patch_to(WebEpisode)
+async def learn(self) -> dict:
+    "The environment's name and description (as `/metadata` has them) and its tools, asked of the page's environment once."
+    if self.about is not None: return self.about
+    name, description = _describe(self.hub)
+    async with self.lock:
+        meta = self.hub.metadata.model_dump() if self.hub.metadata is not None else (await act(self.hub, self.environment, "metadata", {}))["data"]
+        env = self.env if self.tool_env else None
+    tools = _tool_forms(env.list_tools()) if hasattr(env, "list_tools") else []
+    self.about = {"name": meta.get("name") or name, "description": meta.get("description") or description, "tools": tools}
+    return self.about
 
 # %% ../nbs/05_web.ipynb #cfb5ce27
 @patch_to(WebEpisode)
 def snapshot(self) -> dict:
     "The frame a page gets when it opens: everything it shows."
     name, description = _describe(self.hub)
+    about = self.about or {"name": name, "description": description, "tools": []}
     return {"type": "snapshot", "data": {
-        "name": name, "description": description, "fields": self.fields, "reset_fields": self.reset_fields,
+        **about, "tool_env": self.tool_env, "fields": self.fields, "reset_fields": self.reset_fields,
         "history": list(reversed(self.history)), "episode": self.episode, "max_history": self.max_history,
         "pages": len(self.pages)}}
 
@@ -120,7 +150,7 @@ async def broadcast(self, frame: dict):
 # %% ../nbs/05_web.ipynb #90cd1fc8
 @patch_to(WebEpisode)
 async def join(self, ws: WebSocket) -> bool:
-    "Add the page on the accepted socket `ws`, send it the snapshot and tell every page; `False` when full."
+    "Add the page on `ws`, send it the snapshot (again once `learn` knows more) and tell every page; `False` when full."
     if len(self.pages) >= self.max_pages:
         await ws.send_text(json.dumps(error_frame(ErrorCode.CAPACITY_REACHED, f"{len(self.pages)} pages are open on "
             f"the web interface, its limit; close one and reload", active_sessions=len(self.pages), max_sessions=self.max_pages)))
@@ -128,6 +158,9 @@ async def join(self, ws: WebSocket) -> bool:
     self.pages[ws] = asyncio.Lock()
     await self.send(ws, self.snapshot())
     await self.broadcast({"type": "pages", "data": {"count": len(self.pages)}})
+    if self.about is None:  # the form shows at once; the name and tools follow once the environment says them
+        with contextlib.suppress(Exception): await self.learn()  # a factory that fails says so at the first reset
+        if self.about is not None: await self.send(ws, self.snapshot())
     return True
 
 # %% ../nbs/05_web.ipynb #566bed7f
@@ -220,11 +253,13 @@ def page_html(auth: bool = False # the server requires a token: the page asks fo
 
 # %% ../nbs/05_web.ipynb #3a107459
 def add_page_route(app: FastAPI, html: str):
-    "Serve the page `html` at `/web` and `/web/`."
+    "Serve the page `html` at `/web` and `/web/`, and send `/` there."
     headers = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
     @app.get("/web", include_in_schema=False)
     @app.get("/web/", include_in_schema=False)
     async def page(): return HTMLResponse(html, headers=headers)
+    @app.get("/", include_in_schema=False)
+    async def home(request: Request): return RedirectResponse(request.scope.get("root_path", "") + "/web/")
 
 # %% ../nbs/05_web.ipynb #e13dfff7
 def add_web_routes(app: FastAPI, web: WebEpisode):
@@ -241,7 +276,9 @@ def add_web_routes(app: FastAPI, web: WebEpisode):
         extra = body.model_dump(exclude_unset=True, exclude={"action"})
         return JSONResponse(*http_reply(await web.call("step", body.action, **extra)))
     @app.get("/web/state", tags=["Web Interface"], summary="State of the page's episode")
-    async def web_state(): return JSONResponse(*http_reply(await web.call("state", {})))
+    async def web_state():
+        if not web.began: return JSONResponse({"detail": "No episode yet: reset first (POST /web/reset, or Reset on the page)"}, 409)
+        return JSONResponse(*http_reply(await web.call("state", {})))
 
 # %% ../nbs/05_web.ipynb #80a69123
 def add_web_interface(app: FastAPI, # an app with a `Hub` in `app.state.hub`, such as `create_app` makes

@@ -6,6 +6,7 @@ Screenshots go to artifacts/ (git-ignored), for a person to look at.
 import importlib.util
 import json
 import os
+import re
 import shutil
 from enum import Enum
 from typing import Literal
@@ -147,7 +148,7 @@ def test_step_shows_observation_and_history(open_page, echo_web):
     expect(rows.nth(0).locator("td").nth(3)).to_have_text("1.1")
     page.click("#raw summary")
     raw = json.loads(page.locator("#raw-json").text_content())
-    assert raw["type"] == "observation" and raw["data"]["observation"] == {"echoed_message": "enter works", "message_length": 11}
+    assert raw["type"] == "observation" and {k: v for k, v in raw["data"]["observation"].items() if k != "metadata"} == {"echoed_message": "enter works", "message_length": 11}
     assert raw["data"]["metadata"] == {"original_message": "enter works", "step": 2}
     page.click("#state")
     expect(page.locator("#state-view")).to_contain_text('"step_count": 2')
@@ -358,3 +359,124 @@ def test_an_idle_page_is_let_go_and_comes_back_when_used(browser):
         expect(page.locator("#message")).to_contain_text("SESSION_ERROR: Page closed after 1 s without a message")
         page.click("h1")
         expect(page.locator("#status")).to_have_text("live")
+
+
+# ---- a tool environment, images, rubric components, parity with OpenEnv's page ----
+from openenv_nb.mcp import MCPEchoEnvironment  # noqa: E402
+from openenv_nb.forms import RUBRIC_KEY  # noqa: E402
+
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNQTX4NAAIkAXSaGkHUAAAAAElFTkSuQmCC"
+
+
+class Say(Action):
+    message: str = ""
+
+
+class Picture(Observation):
+    frame: str = PNG
+    text: str = ""
+    lines: list[dict] = []
+
+
+class Painter(Environment[Say, Picture, State]):
+    """Draws a frame at every step, with the rubric's scores in its metadata."""
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def __init__(self): super().__init__(); self._state = State()
+    def reset(self, seed=None, episode_id=None, **kw):
+        self._state = State(episode_id="paint", step_count=0)
+        return Picture(text="ready", reward=0.0)
+    def step(self, action, timeout_s=None, **kw):
+        self._state.step_count += 1
+        n = self._state.step_count
+        return Picture(text=f"line one\nline two {action.message}", reward=0.5 * n, lines=[{"role": "game", "content": "a\nb"}],
+                       metadata={RUBRIC_KEY: {"format": 1.0, "win": 0.25 * n, "total": 0.5 * n}})
+    @property
+    def state(self): return self._state
+
+
+def test_tool_environment_has_a_form_per_tool(open_page):
+    from playwright.sync_api import expect
+    sent = []
+    with serve_in_thread(create_app(MCPEchoEnvironment, web=True)) as url:
+        page = open_page(url, sent)
+        expect(page.locator("#tool option")).to_have_text(["echo_message", "echo_with_length"])
+        expect(page.locator("#tool-about")).to_have_text("Echo back the provided message.")
+        expect(page.locator("#step")).to_have_text("Call")
+        page.click("#reset")
+        page.fill("#field-message", "hello tools")
+        page.click("#step")
+        rows = page.locator("#history tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0).locator("td").nth(1)).to_have_text('echo_message(message="hello tools")')
+        expect(rows.nth(0).locator("td").nth(2)).to_have_text("hello tools")
+        assert sent[-1]["data"] == {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hello tools"}}
+        page.select_option("#tool", "echo_with_length")
+        expect(page.locator("#tool-about")).to_have_text("Echo back the message with its length.")
+        page.fill("#field-message", "abc")
+        page.click("#step")
+        expect(rows.nth(0).locator("td").nth(2)).to_contain_text('"length":3')
+        shot(page, "web-tools.png")
+        page.click("#state")
+        expect(page.locator("#state-view")).to_contain_text('"step_count": 2')
+
+
+def test_tool_errors_show_in_the_history(open_page):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(MCPEchoEnvironment, web=True)) as url:
+        page = open_page(url)
+        page.click("#reset")
+        page.evaluate("""() => { const s = document.querySelector('#tool'); const o = document.createElement('option');
+                                 o.value = o.textContent = 'no_such_tool'; s.append(o); s.value = 'no_such_tool';
+                                 s.dispatchEvent(new Event('change')); }""")
+        page.click("#step")
+        row = page.locator("#history tbody tr").nth(0)
+        expect(row).to_have_class(re.compile(r"\bfailed\b"))  # an unknown tool: the page falls back on the raw call_tool form
+        expect(row.locator("td").nth(2)).to_contain_text("tool_not_found")
+        expect(page.locator("#message")).to_contain_text("tool_not_found: Unknown tool")
+
+
+def test_images_rubric_and_readable_text(open_page):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(Painter, web=True)) as url:
+        page = open_page(url)
+        expect(page.locator("#env-description")).to_have_text("Draws a frame at every step, with the rubric's scores in its metadata.")
+        page.click("#reset")
+        expect(page.locator("#observation figure[data-field=frame] img")).to_have_count(1)
+        assert page.get_attribute("#observation figure img", "src") == PNG
+        assert page.eval_on_selector("#observation figure img", "i => i.complete && i.naturalWidth") == 1  # the CSP let it load
+        expect(page.locator("#plot")).to_contain_text("Rewards appear here")
+        for m in ("a", "b"):
+            page.fill("#field-message", m)
+            page.click("#step")
+        expect(page.locator("#history tbody tr")).to_have_count(3)
+        expect(page.locator("#history tbody tr").nth(0).locator("td").nth(2)).to_contain_text("frame=[image]")
+        expect(page.locator("#plot g.series")).to_have_count(3)  # the reward, then format and win; total is the reward's line
+        expect(page.locator("#plot .legend span")).to_have_text(["━ reward", "━ format", "━ win"])
+        expect(page.locator("#plot g[data-name=win] circle")).to_have_count(2)
+        assert "line one\nline two b" in page.locator("#observation pre.code").first.text_content()
+        expect(page.locator("#observation ol.list li")).to_have_count(1)
+        assert "a\nb" in page.locator("#observation ol.list li").text_content()
+        shot(page, "web-images-rubric.png")
+
+
+def test_all_zero_rewards_label_zero_once(open_page):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(KnobsEnv, web=True)) as url:
+        page = open_page(url)
+        page.click("#reset")
+        page.fill("#field-message", "x")
+        page.fill("#field-count", "0")
+        page.click("#step")
+        expect(page.locator("#plot svg circle")).to_have_count(1)
+        expect(page.locator("#plot text.ylabel")).to_have_text(["0"])
+
+
+def test_root_redirects_and_state_before_reset(browser):
+    import httpx
+    with serve_in_thread(create_app(KnobsEnv, web=True)) as url:
+        r = httpx.get(url + "/", follow_redirects=False)
+        assert (r.status_code, r.headers["location"]) == (307, "/web/")
+        r = httpx.get(url + "/web/state")
+        assert r.status_code == 409 and "reset" in r.json()["detail"]
+        httpx.post(url + "/web/reset", json={})
+        assert httpx.get(url + "/web/state").json()["step_count"] == 0

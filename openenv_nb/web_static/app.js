@@ -13,7 +13,7 @@
     return e;
   };
 
-  const ui = { fields: [], resetFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
+  const ui = { fields: [], resetFields: [], tools: [], tool: "", actionFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
                idle: false, token: "" };
   const AUTH = document.body.dataset.auth === "bearer";  // the server asks for a token (set by the server in the page)
   const TOKEN_KEY = "openenv-nb-token", IDLE = 4000;  // where the tab keeps the token; the close code of an idle page
@@ -69,6 +69,29 @@
     if (spec.json_type === "array" && !Array.isArray(v)) throw new Error("Must be a JSON array");
     if (spec.json_type === "object" && (v === null || typeof v !== "object" || Array.isArray(v))) throw new Error("Must be a JSON object");
     return v;
+  }
+
+  // ---- the rules of openenv_nb/forms.py that the page needs: images, tool failures and values ----
+  const IMAGE_URL = /^data:image\/(png|jpeg|gif|webp|svg\+xml)[;,]/i;  // `forms.IMAGE_URL`
+  const isImage = (v) => typeof v === "string" && IMAGE_URL.test(v);
+  const PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777"];  // the widget's
+
+  function toolValue(r) {  // `mcp_client.tool_value`: a tool's data, else its structured content, else its text
+    if (r === null || typeof r !== "object" || Array.isArray(r)) return r;
+    if ("data" in r) return r.data;
+    const sc = r.structuredContent ?? r.structured_content;
+    if (sc !== null && sc !== undefined) { const ks = Object.keys(sc); return ks.length === 1 && ks[0] === "result" ? sc.result : sc; }
+    const texts = (r.content || []).filter((c) => c && c.type === "text").map((c) => c.text);
+    return texts.length === 1 ? texts[0] : texts;
+  }
+
+  function toolFailure(obs) {  // `widget.tool_failure`: why a tool call failed, or null
+    if (!obs || !("tool_name" in obs)) return null;
+    const err = obs.error, res = obs.result;
+    if (err && typeof err === "object") return `${err.error_type || "error"}: ${err.message || ""}`;
+    if (err) return String(err);
+    if (res && typeof res === "object" && (res.is_error || res.isError)) return `tool error: ${brief(toolValue(res))}`;
+    return null;
   }
 
   // ---- building the form ----
@@ -133,6 +156,27 @@
 
   function prose(text) {  // text with `backticked` parts as code, built as nodes (never parsed as HTML)
     return String(text).split("`").map((part, i) => (i % 2 ? el("code", { text: part }) : document.createTextNode(part)));
+  }
+
+  function chooseTool(name) {  // show the form of tool `name` ("" for the environment's own action)
+    const t = ui.tools.find((x) => x.name === name);
+    ui.tool = t ? name : "";
+    ui.fields = t ? t.fields : ui.actionFields;
+    $("#tool").value = ui.tool;
+    $("#tool-about").replaceChildren(...prose(t ? t.description : ""));
+    $("#step").textContent = ui.tool ? "Call" : "Step";
+    renderFields($("#fields"), ui.fields, "field-");
+  }
+
+  function renderTools(d) {  // a tool environment: a picker of its tools, and the chosen one's form
+    ui.tools = d.tools || []; ui.actionFields = d.fields;
+    const own = !(ui.tools.length && d.tool_env);  // tools alone, or beside an action of the environment's own
+    const sel = $("#tool");
+    sel.replaceChildren(...(own ? [el("option", { value: "", text: "(the action)" })] : []),
+                        ...ui.tools.map((t) => el("option", { value: t.name, text: t.name })));
+    $("#tool-pick").hidden = !ui.tools.length;
+    $("#action-title").textContent = ui.tools.length ? "Tools" : "Action";
+    chooseTool(own ? "" : ui.tools[0].name);
   }
 
   function setFieldError(prefix, name, msg) {
@@ -238,7 +282,11 @@
       case "snapshot": return snapshot(m.data);
       case "update": return update(m.data);
       case "pages": return setPages(m.data.count);
-      case "observation": hideMessage(); return reply && reply(m);
+      case "observation": {
+        const failed = toolFailure(m.data && m.data.observation);
+        if (failed) showMessage(`${m.data.observation.tool_name}: ${failed}`); else hideMessage();
+        return reply && reply(m);
+      }
       case "state": setRaw(m); return showState(m.data);
       case "error": setRaw(m); return showError(m.data);
     }
@@ -270,13 +318,13 @@
 
   // ---- rendering the episode ----
   function snapshot(d) {
-    ui.fields = d.fields; ui.resetFields = d.reset_fields; ui.maxHistory = d.max_history;
+    ui.resetFields = d.reset_fields; ui.maxHistory = d.max_history;
     $("#env-name").textContent = d.name;
     document.title = `${d.name} · openenv-nb`;
     $("#env-description").replaceChildren(...prose(d.description || ""));
-    const form = JSON.stringify([d.fields, d.reset_fields]);
+    const form = JSON.stringify([d.fields, d.reset_fields, d.tools]);
     if (form !== ui.form) {  // a reconnect to the same environment keeps what was typed
-      renderFields($("#fields"), ui.fields, "field-");
+      renderTools(d);
       renderFields($("#reset-fields"), ui.resetFields, "reset-");
       ui.form = form;
     }
@@ -321,43 +369,82 @@
     return Number.isInteger(x) ? String(x) : String(Math.round(x * 10000) / 10000);
   }
 
-  function valueCell(v) {
+  function valueCell(v, depth = 0) {  // a value, readably: text with its line breaks, lists and objects unfolded (scrolling when long)
     if (v === null || v === undefined) return el("span", { class: "null", text: "null" });
     if (v === "") return el("span", { class: "null", text: "(empty)" });
+    if (isImage(v)) return el("img", { class: "inline-image", src: v, alt: "image" });
     if (typeof v === "string") return v.includes("\n") || v.length > 80 ? el("pre", { class: "code", text: v }) : el("pre", { text: v });
-    if (typeof v === "object") return el("pre", { class: "code", text: JSON.stringify(v, null, 2) });
-    return el("span", { text: fmt(v) });
+    if (typeof v !== "object") return el("span", { text: fmt(v) });
+    if (depth >= 2) return el("pre", { class: "code", text: JSON.stringify(v, null, 2) });
+    if (Array.isArray(v)) {
+      if (!v.length) return el("span", { class: "null", text: "(empty list)" });
+      return el("ol", { class: "list", start: "0" }, ...v.map((x) => el("li", {}, valueCell(x, depth + 1))));
+    }
+    const rows = Object.entries(v).map(([k, x]) => el("tr", {}, el("th", { text: k }), el("td", {}, valueCell(x, depth + 1))));
+    if (!rows.length) return el("span", { class: "null", text: "{}" });
+    return el("div", { class: "nested" }, el("table", { class: "kv" }, el("tbody", {}, ...rows)));
   }
+
+  function frames(obs, names) {  // the observation's images, each with its field's name under it
+    return names.filter((n) => isImage(obs[n])).map((n) =>
+      el("figure", { class: "frame", "data-field": n }, el("img", { src: obs[n], alt: n }), el("figcaption", { text: n })));
+  }
+
+  const isEmpty = (v) => v && typeof v === "object" && !Object.keys(v).length;
 
   function renderObservation(last) {
     const box = $("#observation");
     if (!last) return box.replaceChildren(el("p", { class: "muted" }, "No episode yet: press ", el("b", { text: "Reset" }), " to start one."));
-    const rows = Object.entries(last.observation || {}).map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, valueCell(v))));
+    const obs = last.observation || {}, images = last.images || Object.keys(obs).filter((k) => isImage(obs[k]));
+    const shown = Object.entries(obs).filter(([k]) => !images.includes(k) && !(k === "metadata" && last.metadata !== undefined || k === "metadata" && isEmpty(obs[k])));
+    const rows = shown.map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, valueCell(v))));
     if (last.metadata && Object.keys(last.metadata).length)
       rows.push(el("tr", {}, el("th", { text: "metadata" }), el("td", {}, valueCell(last.metadata))));
-    if (!rows.length) rows.push(el("tr", {}, el("td", { class: "muted", text: "(no fields)" })));
-    box.replaceChildren(el("table", { class: "kv" }, el("tbody", {}, ...rows)));
+    if (!rows.length && !images.length) rows.push(el("tr", {}, el("td", { class: "muted", text: "(no fields)" })));
+    const pics = frames(obs, images);
+    box.replaceChildren(...(pics.length ? [el("div", { class: "frames" }, ...pics)] : []),
+                        ...(rows.length ? [el("table", { class: "kv" }, el("tbody", {}, ...rows))] : []));
+  }
+
+  function plotSeries(steps) {  // `widget.plot_series`: the reward, then each rubric component but `total` (the reward's line)
+    const ok = (v) => typeof v === "number" && Number.isFinite(v);
+    const names = [...new Set(steps.flatMap((e) => Object.keys(e.rubric || {}).filter((k) => k !== "total")))];
+    const series = [["reward", steps.map((e, i) => [i, e.reward]).filter(([, v]) => ok(v))],
+                    ...names.map((n) => [n, steps.map((e, i) => [i, (e.rubric || {})[n]]).filter(([, v]) => ok(v))])];
+    return series.filter(([, pts]) => pts.length);
   }
 
   function renderPlot() {
-    const steps = ui.history.filter((e) => e.kind === "step" && typeof e.reward === "number").reverse();
+    const steps = ui.history.filter((e) => e.kind === "step" && (typeof e.reward === "number" || Object.keys(e.rubric || {}).length)).reverse();
     const box = $("#plot");
     if (!steps.length) return box.replaceChildren(el("p", { class: "muted", text: "Rewards appear here as you step." }));
+    const series = plotSeries(steps);
     const W = Math.max(240, box.clientWidth || 600), H = 120, L = 40, R = 8, T = 10, B = 18;
-    const ys = steps.map((e) => e.reward), lo = Math.min(0, ...ys), hi = Math.max(0, ...ys), span = hi - lo || 1;
+    const ys = series.flatMap(([, pts]) => pts.map(([, v]) => v)), lo = Math.min(0, ...ys), hi = Math.max(0, ...ys), span = hi - lo || 1;
     const x = (i) => L + (steps.length === 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (steps.length - 1));
     const y = (v) => T + (H - T - B) * (1 - (v - lo) / span);
     const NS = "http://www.w3.org/2000/svg";
     const s = (tag, attrs, text) => { const e = document.createElementNS(NS, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== undefined) e.textContent = text; return e; };
     const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "reward per step" });
     svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: y(0), y2: y(0) }));
-    svg.append(s("text", { x: 2, y: T + 8 }, fmt(hi)), s("text", { x: 2, y: H - B }, fmt(lo)));
+    if (hi !== lo) svg.append(s("text", { class: "ylabel", x: 2, y: T + 8 }, fmt(hi)));  // all equal: one label, not two
+    svg.append(s("text", { class: "ylabel", x: 2, y: hi === lo ? y(lo) + 3 : H - B }, fmt(lo)));
     svg.append(s("text", { x: steps.length === 1 ? x(0) : L, y: H - 4, "text-anchor": steps.length === 1 ? "middle" : "start" }, `step ${steps[0].step ?? 1}`));
     if (steps.length > 1) svg.append(s("text", { x: W - R, y: H - 4, "text-anchor": "end" }, `step ${steps[steps.length - 1].step ?? steps.length}`));
-    svg.append(s("polyline", { class: "line", points: steps.map((e, i) => `${x(i)},${y(e.reward)}`).join(" "), }));
-    if (steps.length <= 60) steps.forEach((e, i) => svg.append(s("circle", { class: "dot", cx: x(i), cy: y(e.reward), r: 2.5 })));
-    box.replaceChildren(svg);
+    series.forEach(([name, pts], k) => {
+      const colour = PALETTE[k % PALETTE.length], main = name === "reward";
+      const g = s("g", { class: main ? "series reward" : "series part", "data-name": name });
+      g.append(s("polyline", { class: "line", stroke: colour, "stroke-width": main ? 2 : 1.5, "stroke-dasharray": main ? "none" : "4 3",
+                               points: pts.map(([i, v]) => `${x(i)},${y(v)}`).join(" ") }));
+      if (pts.length <= 60) pts.forEach(([i, v]) => g.append(s("circle", { class: "dot", fill: colour, cx: x(i), cy: y(v), r: main ? 2.5 : 2 })));
+      svg.append(g);
+    });
+    const legend = series.length < 2 ? null : el("div", { class: "legend" },
+      ...series.map(([name], k) => el("span", { "data-colour": PALETTE[k % PALETTE.length], text: `━ ${name}` })));
+    box.replaceChildren(svg, ...(legend ? [legend] : []));
+    if (legend) legend.querySelectorAll("span").forEach((sp) => { sp.style.color = sp.dataset.colour; });  // CSSOM, allowed by the CSP
   }
+
 
   function brief(v) {
     if (v === null || v === undefined) return "";
@@ -371,12 +458,25 @@
     return entries.map(([k, v]) => `${k}=${brief(v)}`).join(" ");
   }
 
+  function did(action) {  // an action in one line: a tool call as `name(arg=value, ...)`
+    if (action.type !== "call_tool") return describe(action);
+    const args = Object.entries(action.arguments || {}).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ");
+    return brief(`${action.tool_name}(${args})`);
+  }
+
+  function said(obs) {  // an observation in one line: a tool call's value or failure; images named, not spelled out
+    if ("tool_name" in obs) return toolFailure(obs) || brief(toolValue(obs.result));
+    return describe(Object.fromEntries(Object.entries(obs).filter(([k]) => k !== "metadata")
+                                     .map(([k, v]) => [k, isImage(v) ? "[image]" : v])));
+  }
+
   function renderHistory(fresh) {
     const body = $("#history tbody");
     body.replaceChildren(...ui.history.map((e, i) => {
-      const action = e.kind === "reset" ? `reset ${describe(e.action)}`.trim() : describe(e.action);
-      const obs = describe(e.observation);
-      return el("tr", { class: [e.kind, fresh && i === 0 ? "fresh" : ""].join(" ").trim(), "data-n": e.n },
+      const action = e.kind === "reset" ? `reset ${describe(e.action)}`.trim() : did(e.action || {});
+      const failed = toolFailure(e.observation);
+      const obs = said(e.observation || {});
+      return el("tr", { class: [e.kind, failed ? "failed" : "", fresh && i === 0 ? "fresh" : ""].join(" ").trim(), "data-n": e.n },
         el("td", { text: e.kind === "reset" ? "↺" : String(e.step ?? "") }), el("td", { text: action, title: action }),
         el("td", { text: obs, title: obs }), el("td", { class: "num", text: e.reward === null || e.reward === undefined ? "" : fmt(e.reward) }),
         el("td", { text: e.done ? "yes" : "" }));
@@ -394,7 +494,7 @@
     ev.preventDefault();
     const [action, errors] = collect(ui.fields, "field-");
     if (Object.keys(errors).length) return;   // shown beside the fields; nothing is sent
-    send("step", action);
+    send("step", ui.tool ? { type: "call_tool", tool_name: ui.tool, arguments: action } : action);
   });
   $("#reset").addEventListener("click", () => {
     const [data, errors] = collect(ui.resetFields, "reset-");
@@ -402,6 +502,7 @@
     send("reset", data);
   });
   $("#state").addEventListener("click", () => send("state"));
+  $("#tool").addEventListener("change", (ev) => chooseTool(ev.target.value));
   let resizing;
   window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(renderPlot, 100); });
   document.addEventListener("keydown", (ev) => {
