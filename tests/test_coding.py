@@ -1,4 +1,6 @@
-"""The coding environment against real servers: hostile code, limits, isolation, concurrency, OpenEnv's shapes.
+"""The coding environment against real servers: hostile code, limits, isolation, concurrency, OpenEnv's shapes; and
+the red-team corpus (`redteam.py`) against a server in each form we ship: a root host process, a process of an
+unprivileged uid with and without user namespaces, and the coding image under Docker's defaults.
 
 Two servers serve this module's factories: `quick_coding` (the default interpreter, short limits) and `raw_coding`
 (no interpreter layer, as if smolagents had been escaped: only the operating-system layers stand). A test that needs
@@ -9,18 +11,26 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+import uuid
 
 import pytest
 import requests
 from websockets.asyncio.client import connect
 
-from conftest import need, start_server
+import redteam
+from conftest import HERE, need, start_server
+from openenv_nb import sandbox
 from openenv_nb.client import ws_url
 from openenv_nb.envs.coding import CodeAction, CodeObservation, CodingEnv, CodingEnvironment, CodingHTTPEnv, CodeState
-from openenv_nb.sandbox import Layer, Layers, Status
+from openenv_nb.providers import LocalProcessProvider, ProviderError
+from openenv_nb.sandbox import Interpreter, DEFAULT_IMPORTS, Layer, Layers, Sandbox, SandboxConfig, Status, Zygote
 
-LIMITS = dict(timeout_s=3.0, cpu_s=3.0, memory_mb=512, max_output=10_000)
+LIMITS = dict(timeout_s=3.0, cpu_s=3.0, memory_mb=512, max_output=10_000, total_memory_mb=40_000)  # the cap: room for 32 sessions
 DEADLINE_S = 30.0  # how long a condition that must come true may take, on a busy machine, before the test fails
 
 
@@ -32,6 +42,16 @@ def quick_coding() -> CodingEnvironment:
 def raw_coding() -> CodingEnvironment:
     """No interpreter layer: the OS layers alone (served as `test_coding:raw_coding`)."""
     return CodingEnvironment(executor="exec", **LIMITS)
+
+
+def slow_coding() -> CodingEnvironment:
+    """Limits long enough for a step to be seen running (served as `test_coding:slow_coding`)."""
+    return CodingEnvironment(**{**LIMITS, "timeout_s": 20.0, "cpu_s": 20.0})
+
+
+def capped_coding() -> CodingEnvironment:
+    """Room under the memory cap for four workers of 272 MB, none kept ready (served as `test_coding:capped_coding`)."""
+    return CodingEnvironment(executor="exec", timeout_s=5.0, memory_mb=256, tmp_mb=16, total_memory_mb=1100, ready=0)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +121,18 @@ def _children(pid: int) -> list[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) and int(st[1]) == pid]
 
 
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], _children(pid)
+    while todo:
+        p = todo.pop(); out.append(p); todo += _children(p)
+    return out
+
+
 def workers_cpu_s(server_pid: int) -> dict[int, float]:
-    """CPU seconds used so far by each worker of a server (the children of its fork servers), by pid."""
+    """CPU seconds used so far by each process under a server (its fork server, the relay before it, its workers), by pid."""
     tick, out = os.sysconf("SC_CLK_TCK"), {}
-    for fork_server in _children(server_pid):
-        for w in _children(fork_server):
-            if st := _stat(w): out[w] = (int(st[11]) + int(st[12])) / tick
+    for p in _descendants(server_pid):
+        if st := _stat(p): out[p] = (int(st[11]) + int(st[12])) / tick
     return out
 
 
@@ -208,6 +234,13 @@ HOSTILE = [  # name, code, exit code, limit, words in stderr (or stdout for the 
     ("a module's os", "import random\nrandom._os.system('id')", 1, None, "Forbidden access to module: os"),
     ("the import guard", "import builtins\nbuiltins.__import__('os')", 1, None, "Import of builtins is not allowed"),
     ("frames", "import statistics\nstatistics.sys._getframe()", 1, None, "Forbidden access to module: sys"),
+    ("format reaches globals", "import random\n'{0.__globals__[_os].environ}'.format(random.randint)", 1, None, "'__globals__' in a format string"),
+    ("format_map reaches globals", "import random\n'{f.__globals__}'.format_map({'f': random.randint})", 1, None, "in a format string"),
+    ("format through map", "import random\nlist(map(str.format, ['{0.__globals__}'], [random.randint]))", 1, None, "format as a value"),
+    ("a frame walk", "g = (g.gi_frame.f_back for _ in [1])\nfr = next(g)", 1, None, "Forbidden access to attribute"),
+    ("the imports list through a frame", "g = (g.gi_frame for _ in [1])\nfr = next(g)\nfr.f_back.f_locals['authorized_imports'].append('os')",
+     1, None, "Forbidden access to attribute: gi_frame"),
+    ("operator", "import operator", 1, None, "Import of operator is not allowed"),
     ("SystemExit", "print('bye')\nraise SystemExit(0)", 1, None, "SystemExit: 0"),
     ("KeyboardInterrupt", "raise KeyboardInterrupt", 1, None, "KeyboardInterrupt"),
     ("a syntax error", "def f(:\n  pass", 1, None, "SyntaxError"),
@@ -241,12 +274,14 @@ def test_a_lost_worker_is_replaced_and_says_so(url):
     assert c["observation"]["exit_code"] == 1 and "sandbox" in c["metadata"]  # a fresh worker, reported as such
 
 
-def test_health_answers_while_user_code_spins_in_c(quick, url):
-    def spin():  # over HTTP, for a longer wall-clock limit than the server's default
-        return requests.post(url + "/step", json={"action": {"code": "sum(range(10**12))"}, "timeout_s": 8}, timeout=60).json()
-    before = workers_cpu_s(quick.proc.pid)
+def test_health_answers_while_user_code_spins_in_c():
+    slow = start_server("test_coding:slow_coding", max_sessions=4)
+    url = slow.base_url
+    def spin():
+        return requests.post(url + "/step", json={"action": {"code": "sum(range(10**12))"}}, timeout=60).json()
+    before = workers_cpu_s(slow.proc.pid)
     def spinning_now():  # a worker has used 0.3 CPU seconds more than it had: the spin is under way
-        return any(s - before.get(pid, 0.0) > 0.3 for pid, s in workers_cpu_s(quick.proc.pid).items())
+        return any(s - before.get(pid, 0.0) > 0.3 for pid, s in workers_cpu_s(slow.proc.pid).items())
     async def go():
         spinning = asyncio.create_task(asyncio.to_thread(spin))
         await asyncio.to_thread(wait_until, spinning_now, "a worker spinning")
@@ -254,10 +289,22 @@ def test_health_answers_while_user_code_spins_in_c(quick, url):
         other = await episode(url, "print('meanwhile')")
         during = not spinning.done()
         return await spinning, h, other, during
-    spun, h, other, during = asyncio.run(go())
-    assert spun["observation"]["exit_code"] in (124, 152), spun  # the wall clock, or the CPU limit (3 s) first
+    try: spun, h, other, during = asyncio.run(go())
+    finally: slow.stop()
+    assert spun["observation"]["exit_code"] in (124, 152), spun  # the wall clock, or the CPU limit (20 s) first
     assert h["status"] == "healthy" and other[1]["data"]["observation"]["stdout"] == "meanwhile\n"
     assert during  # both answered while the spin was still going
+
+
+def test_a_client_cannot_lengthen_the_wall_clock(url):
+    """A step's `timeout_s` may shorten the configured limit (3 s here), never lengthen it: the worker is ended at 3 s."""
+    r = requests.post(url + "/step", json={"action": {"code": "import time\ntime.sleep(10)\nprint('slept')"}, "timeout_s": 3600}, timeout=60)
+    obs = r.json()["observation"]
+    assert obs["exit_code"] == 124 and "wall-clock limit of 3 s" in obs["stderr"], obs
+    env = CodingEnvironment(**LIMITS)
+    try: obs = env.step(CodeAction(code="import time\ntime.sleep(10)"), timeout_s=3600)
+    finally: env.close()
+    assert (obs.exit_code, obs.metadata["limit"]) == (124, "timeout")
 
 
 def test_output_is_valid_json_whatever_the_code_prints(url):
@@ -351,4 +398,277 @@ def test_no_fork_server_or_worker_outlives_a_killed_server():
             os.kill(p.proc.pid, signal.SIGKILL)  # the server alone, with no chance to clean up
             await asyncio.to_thread(wait_until, lambda: _gone(worker) and _gone(fork_server), "fork server and worker gone")
     try: asyncio.run(go())
+    finally: p.stop()
+
+
+# ---------------------------------------------------------------- the interpreter, with `operator` authorised
+
+def test_operator_routes_are_closed_when_operator_is_authorised():
+    """`attrgetter` and `methodcaller` chains through `map`, and values only an iterator or a container holds."""
+    it = Interpreter(DEFAULT_IMPORTS + ("operator",))
+    for code, says in [("import operator, random\nlist(map(operator.methodcaller('get', '_os'), map(operator.attrgetter('__globals__'), [random.randint])))",
+                        "'__globals__' through operator.attrgetter"),
+                       ("import operator, random\nlist(map(operator.methodcaller('__getattribute__', '_os'), [random]))", "through operator.methodcaller"),
+                       ("import operator\ng = (i for i in [1])\nlist(map(operator.attrgetter('gi_frame'), [g]))", "'gi_frame' through operator.attrgetter")]:
+        r = it.run(code)
+        assert r["exit_code"] == 1 and says in r["stderr"], (code, r)
+    it.executor.static_tools.update(leak=lambda: {"k": [os]}, leaks=lambda: iter([1, os]))  # stand-ins for a route not found yet
+    for code in ["x = leak()", "sorted(leak())", "[m for m in leaks()]", "list(map(str, leaks()))"]:
+        r = it.run(code)
+        assert r["exit_code"] == 1 and "Forbidden access to module: os" in r["stderr"], (code, r)
+    assert it.run("import operator\nlist(map(operator.itemgetter(0), [[1], [2]]))")["stdout"] == "[1, 2]"
+
+
+# ---------------------------------------------------------------- caps, and a lingering worker
+
+def test_the_memory_cap_bounds_workers_and_frees_at_once(server):
+    """Four workers of `capped_coding` fit under its cap; a fifth session is refused, and gets room when one ends."""
+    url = server("test_coding:capped_coding", max_sessions=8)
+    async def go():
+        headers = {"x-openenv-extensions": "metadata"}
+        wss = [await connect(ws_url(url), additional_headers=headers, compression=None) for _ in range(5)]
+        try:
+            replies = []
+            for ws in wss:
+                await ws.send(json.dumps({"type": "reset"}))
+                replies.append(json.loads(await ws.recv()))
+            await wss[0].close()
+            deadline = time.monotonic() + DEADLINE_S
+            while True:  # the server ends the closed session's environment after the close: until then, still no room
+                again = await _frame(wss[4], {"type": "reset"})
+                if again["type"] == "observation" or time.monotonic() > deadline: return replies, again
+        finally:
+            for ws in wss: await ws.close()
+    replies, again = asyncio.run(go())
+    assert [r["type"] for r in replies] == ["observation"] * 4 + ["error"], replies
+    assert "memory cap is reached" in replies[4]["data"]["message"], replies[4]
+    assert again["type"] == "observation", again  # the closed session's worker gave its room back
+    health(url)
+
+
+def test_default_sessions_follow_the_memory_cap():
+    cfg = SandboxConfig(memory_mb=1000, tmp_mb=24, total_memory_mb=10_240)
+    assert cfg.max_workers == 10 and CodingEnvironment.default_max_sessions(cfg) == 10 - int(os.environ.get("OPENENV_SANDBOX_READY", 2))
+    ready = int(os.environ.get("OPENENV_SANDBOX_READY", 2))
+    assert CodingEnvironment.default_max_sessions() == max(1, SandboxConfig.from_env().max_workers - ready)  # not a fixed 64
+
+
+def test_a_lingering_worker_delays_no_other_session(monkeypatch):
+    """A worker that hung up and lingers costs its own session a grace period, not another session's reset."""
+    monkeypatch.setattr(sandbox, "LOST_GRACE_S", 60.0)  # long, so that nothing here can race it
+    z = Zygote(chroot=False, pidns=False).start()
+    try:
+        lingering = Sandbox(SandboxConfig(executor="exec", timeout_s=60), zygote=z)
+        lingering.start()
+        pid, done = lingering.pid, threading.Event()
+        t = threading.Thread(target=lambda: (lingering.run("import os, time\nos.close(3)\ntime.sleep(120)"), done.set()))
+        t.start()
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}/fd/3"), "the worker hung up")
+        other = Sandbox(SandboxConfig(executor="exec", timeout_s=10), zygote=z)
+        other.start()  # a reset: a new worker from the same fork server
+        assert other.run("print('meanwhile')").stdout == "meanwhile\n"
+        assert not done.is_set() and z.status(lingering.worker.pid).get("alive")  # while that session still waits
+        lingering.worker.kill()
+        t.join(30)
+        assert done.is_set()
+        other.close(); lingering.close()
+    finally: z.close()
+
+
+# ---------------------------------------------------------------- the red-team corpus, in each form we ship
+
+NO_NAMESPACES = ("unshare",)  # what Docker's default seccomp profile, or a host without user namespaces, refuses
+NO_LANDLOCK = ("landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self")
+
+
+class NobodyServer(LocalProcessProvider):
+    """A server run as `nobody`, with the syscalls `deny` refused to it and its children (`redteam.as_nobody`)."""
+    def __init__(self, target: str, deny=(), **kw):
+        path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+        super().__init__(target, **{**kw, "env_vars": {"PYTHONPATH": path, **kw.get("env_vars", {})}})
+        self.deny = deny
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(HERE / "redteam.py"), "as-nobody", ",".join(self.deny), *super().command()[1:]]
+
+
+def need_root_for(form: str):
+    need("sandbox", os.geteuid() == 0, f"running a server as another uid ({form}) needs root here")
+
+
+async def _frame(ws, f: dict) -> dict:
+    await ws.send(json.dumps(f))
+    return json.loads(await ws.recv())
+
+
+async def _run(ws, code: str) -> dict:
+    r = await _frame(ws, {"type": "step", "data": {"code": code}})
+    assert r["type"] == "observation", r
+    return r["data"]["observation"]
+
+
+def corpus(url: str, extra_pids, secret: str, secret_file: str, server_home: str | None) -> tuple[list[str], dict]:
+    """Run every attack of `redteam` from one session against another (the victim, which holds `secret`) on the server
+    at `url`; every line the attacks printed, and what the victim made and is (its paths, its layers)."""
+    port = int(url.rsplit(":", 1)[1])
+    async def go():
+        headers = {"x-openenv-extensions": "metadata"}
+        async with connect(ws_url(url), additional_headers=headers, compression=None) as a, \
+                   connect(ws_url(url), additional_headers=headers, compression=None) as b:
+            victim = Layers.from_json((await _frame(a, {"type": "reset"}))["data"]["metadata"]["sandbox"])
+            await _frame(b, {"type": "reset"})
+            await _run(a, f"secret = {secret!r}")
+            p = victim[Layer.process].facts
+            T = dict(secret=secret, secret_file=secret_file, server_home=server_home, port=port, key=0x5EC0DE,
+                     marker=f"redteam-{uuid.uuid4().hex[:8]}", fill_mb=512, outside=f"/tmp/redteam-out-{uuid.uuid4().hex[:8]}",
+                     pids=sorted({*extra_pids, p["pid"], p["ns_pid"], p["fork_server"]}))
+            made = json.loads((await _run(a, redteam.code("tmp_victim", T)))["stdout"])
+            T.update(paths=made, homes=[victim[Layer.filesystem].facts["home"]])
+            for half in ("sysv_victim", "fill_victim"): await _run(a, redteam.code(half, T))
+            lines = []
+            for name in redteam.ATTACKS:
+                obs = await _run(b, redteam.code(name, T))
+                assert obs["exit_code"] == 0, (name, obs)  # the attack ran to its end
+                lines += obs["stdout"].splitlines()
+            return lines, {"T": T, "made": made, "victim": victim}
+    return asyncio.run(go())
+
+
+def host_checks(seen: dict, exists) -> list[str]:
+    """What the victim left that it must not have: its tmp files, its directory, a file outside; `exists(path)` looks."""
+    T, victim = seen["T"], seen["victim"]
+    paths = [T["outside"], f"/dev/shm/{T['marker']}", f"/tmp/{T['marker']}"]
+    if not victim.held(Layer.tmp): paths += [*seen["made"], victim[Layer.filesystem].facts["home"]]  # on the host's disk until it ends
+    return [p for p in paths if exists(p)]
+
+
+def redteam_host(url: str, server_pid: int, uid: int) -> tuple[dict, Layers]:
+    """The corpus against a server on this host running as `uid`: the secret in its environment, in a file anyone may
+    read, and in an unrelated process of its uid; nothing may leak, and nothing the victim made may outlive it."""
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    d = tempfile.mkdtemp(prefix="redteam-"); os.chmod(d, 0o755)
+    secret_file = os.path.join(d, "secret")
+    with open(secret_file, "w") as f: f.write(secret)
+    os.chmod(secret_file, 0o644)
+    unrelated = subprocess.Popen(["sleep", "600"], env={redteam.SECRET_VAR: secret}, user=uid, group=uid if uid else None)
+    fork_servers = [c for c in _descendants(server_pid)]
+    try:
+        lines, seen = corpus(url, [server_pid, unrelated.pid, *fork_servers], secret, secret_file, os.path.expanduser("~"))
+    finally:
+        unrelated.kill(); unrelated.wait()
+    assert not [l for l in lines if l.startswith("LEAK")], lines
+    wait_until(lambda: not host_checks(seen, os.path.exists), f"the victim's files gone: {host_checks(seen, os.path.exists)}")
+    os.remove(secret_file); os.rmdir(d)
+    return seen, seen["victim"]
+
+
+def test_redteam_root():
+    need_root_for("root host")
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    p = LocalProcessProvider("redteam:raw_coding", max_sessions=8, env_vars={"PYTHONPATH": str(HERE), redteam.SECRET_VAR: secret})
+    p.start()
+    try: seen, victim = redteam_host(p.base_url, p.proc.pid, 0)
+    finally: p.stop()
+    assert victim.held(Layer.pid, Layer.user, Layer.filesystem, Layer.tmp, Layer.dumpable, Layer.seccomp), victim.to_json()
+
+
+def test_redteam_nonroot():
+    need_root_for("non-root host")
+    p = NobodyServer("redteam:raw_coding", max_sessions=8)
+    p.start()
+    try:
+        victim = Layers.from_json(asyncio.run(episode(p.base_url))[0]["data"]["metadata"]["sandbox"])
+        need("sandbox", victim.held(Layer.filesystem), f"no user namespaces for an unprivileged uid here: {victim[Layer.filesystem].detail}")
+        seen, victim = redteam_host(p.base_url, p.proc.pid, 65534)
+    finally: p.stop()
+    assert victim.held(Layer.pid, Layer.filesystem, Layer.tmp, Layer.dumpable, Layer.seccomp) and victim[Layer.user].status is Status.degraded
+
+
+def test_redteam_nonroot_without_userns():
+    """As a host that refuses user namespaces (or a container under Docker's seccomp profile): Landlock and the filter stand in."""
+    need_root_for("non-root host without user namespaces")
+    p = NobodyServer("redteam:raw_coding", deny=NO_NAMESPACES, max_sessions=8)
+    p.start()
+    try:
+        victim = Layers.from_json(asyncio.run(episode(p.base_url))[0]["data"]["metadata"]["sandbox"])
+        need("sandbox", victim.held(Layer.landlock), f"no Landlock here: {victim[Layer.landlock].detail}")
+        seen, victim = redteam_host(p.base_url, p.proc.pid, 65534)
+    finally: p.stop()
+    assert victim.with_status(Status.refused) == [Layer.pid, Layer.network, Layer.ipc, Layer.tmp, Layer.filesystem, Layer.user], victim.to_json()
+    assert victim.held(Layer.landlock, Layer.seccomp, Layer.dumpable) and victim.missing() == {}
+
+
+@pytest.mark.docker
+def test_redteam_docker(docker_engine):
+    """The coding image under Docker's defaults, started by `DockerProvider`: the same corpus, from inside."""
+    from openenv_nb.images import build
+    from openenv_nb.providers import DockerProvider
+    tag = build("coding", log=lambda line: None)
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    env = {"OPENENV_SANDBOX_EXECUTOR": "exec", "OPENENV_SANDBOX_TIMEOUT_S": "15", "OPENENV_SANDBOX_TOTAL_MEMORY_MB": "16384", redteam.SECRET_VAR: secret}
+    with DockerProvider(tag, env_vars=env) as p:
+        c = p.container
+        sh = lambda cmd, **kw: c.exec_run(["sh", "-c", cmd], user="10001", **kw)
+        assert sh(f"printf %s {secret} > /tmp/redteam-secret && chmod 644 /tmp/redteam-secret").exit_code == 0
+        unrelated = int(sh("sleep 600 >/dev/null 2>&1 & echo $!", environment={redteam.SECRET_VAR: secret}).output.split()[-1])
+        lines, seen = corpus(p.base_url, [1, unrelated], secret, "/tmp/redteam-secret", "/home/openenv")
+        assert not [l for l in lines if l.startswith("LEAK")], lines
+        exists = lambda path: sh(f"test -e '{path}'").exit_code == 0
+        wait_until(lambda: not host_checks(seen, exists), f"the victim's files gone: {host_checks(seen, exists)}")
+        victim = seen["victim"]
+        assert victim.held(Layer.user, Layer.landlock, Layer.dumpable, Layer.seccomp) and victim.missing() == {}, victim.to_json()
+        assert "INSECURE" not in p.log_tail(200)
+
+
+# ---------------------------------------------------------------- failing closed
+
+def _server_checks_before_serving() -> bool:
+    """Whether the server asks an environment's `preflight` before it serves (an app made for a probe calls it)."""
+    from openenv_nb.envs.echo import EchoEnvironment
+    from openenv_nb.targets import app_for
+    class Probe(EchoEnvironment):
+        called = False
+        @classmethod
+        def preflight(cls): cls.called = True
+    try: app_for(Probe)
+    except Exception: return False
+    return Probe.called
+
+
+@pytest.mark.xfail(not _server_checks_before_serving(), strict=True,
+                   reason="the server does not call CodingEnvironment.preflight before serving yet (server and CLI: another owner)")
+def test_refuses_to_start_without_isolation():
+    """Without namespaces or Landlock nothing gives 'memory', 'files' or 'tmp': the server refuses to start, and says why."""
+    need_root_for("a host without namespaces or Landlock")
+    p = NobodyServer("redteam:raw_coding", deny=NO_NAMESPACES + NO_LANDLOCK, max_sessions=4)
+    try:
+        with pytest.raises(ProviderError) as e: p.start()
+    finally: p.stop()
+    msg = str(e.value)
+    for words in ("- files: filesystem refused", "landlock refused", "lsm=", "user namespaces", "--insecure-sandbox"):
+        assert words in msg, msg
+
+
+def test_a_session_without_isolation_is_refused_and_says_why():
+    """Where the server does start (no check before serving), the first reset is refused, with the same message."""
+    need_root_for("a host without namespaces or Landlock")
+    p = NobodyServer("redteam:raw_coding", deny=NO_NAMESPACES + NO_LANDLOCK, max_sessions=4)
+    try:
+        try: url = p.start()
+        except ProviderError as e: msg = str(e)  # the server checked before serving
+        else: msg = asyncio.run(episode(url))[0]["data"]["message"]
+    finally: p.stop()
+    for words in ("IsolationError", "- files: filesystem refused", "landlock refused", "--insecure-sandbox"):
+        assert words in msg, msg
+
+
+def test_insecure_sandbox_runs_and_says_so_everywhere():
+    need_root_for("a host without namespaces or Landlock")
+    p = NobodyServer("redteam:raw_coding", deny=NO_NAMESPACES + NO_LANDLOCK, max_sessions=4, env_vars={"OPENENV_SANDBOX_INSECURE": "1"})
+    p.start()
+    try:
+        reset, step = asyncio.run(episode(p.base_url, "print('ran anyway')"))
+        assert reset["data"]["metadata"]["insecure_sandbox"] == ["memory", "files", "tmp"], reset
+        assert step["data"]["observation"]["stdout"] == "ran anyway\n" and step["data"]["metadata"]["insecure_sandbox"] == ["memory", "files", "tmp"]
+        wait_until(lambda: "INSECURE SANDBOX: running user code without memory, files, tmp" in p.log_path.read_text(), "the warning in the log")
     finally: p.stop()

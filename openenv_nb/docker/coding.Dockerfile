@@ -13,8 +13,19 @@ RUN python -m pip install -r /opt/openenv/requirements.txt
 COPY .openenv/ /opt/openenv/
 RUN python -m pip install --no-deps /opt/openenv/*.whl
 
-# the server runs as a user without privileges
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin openenv
+# The server runs as a user without privileges. Its sandbox gives each worker a uid of its own all the same, under
+# Docker's default seccomp profile and capabilities (no namespaces, no mounts: Landlock and the syscall filter stand
+# in for those): the fork server runs on a copy of Python that holds, as file capabilities, what switching and
+# cleaning up after workers takes (CAP_CHOWN 0, CAP_DAC_OVERRIDE 1, CAP_KILL 5, CAP_SETGID 6, CAP_SETUID 7: mask
+# 0xE3), which Docker's default capability set allows. Only the server's group may run it; each worker drops every
+# capability after switching uid. `docker run --security-opt no-new-privileges` turns file capabilities off: the
+# workers then share the server's uid, and the seccomp filter and Landlock still keep them apart.
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin openenv \
+ && chmod 0700 /home/openenv && mkdir -p /opt/openenv/bin \
+ && cp "$(python -c 'import os, sys; print(os.path.realpath(sys.executable))')" /opt/openenv/bin/sandbox-python \
+ && chown root:openenv /opt/openenv/bin/sandbox-python && chmod 0750 /opt/openenv/bin/sandbox-python \
+ && python -c "import os, struct; os.setxattr('/opt/openenv/bin/sandbox-python', 'security.capability', struct.pack('<5I', 0x02000001, 0xE3, 0, 0, 0))"
+ENV OPENENV_SANDBOX_PYTHON=/opt/openenv/bin/sandbox-python
 USER 10001
 WORKDIR /home/openenv
 
@@ -22,9 +33,10 @@ WORKDIR /home/openenv
 # every client for it as a bearer token. The server reads it from its environment, which `exec` hands on: never
 # set it here (it would stay in the image) nor pass it as an argument (`ps` and `docker inspect` would show it).
 
-# where to listen: containers sharing the host's network are each given their own PORT
-ENV HOST=0.0.0.0 PORT=8000 MAX_SESSIONS=64 LOG_LEVEL=info
+# where to listen: containers sharing the host's network are each given their own PORT. MAX_SESSIONS unset: as many
+# sessions as fit the sandbox's memory cap (half of the container's memory, OPENENV_SANDBOX_TOTAL_MEMORY_MB).
+ENV HOST=0.0.0.0 PORT=8000 LOG_LEVEL=info
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"]
-CMD ["sh", "-c", "exec openenv serve coding --host \"$HOST\" --port \"$PORT\" --max-sessions \"$MAX_SESSIONS\" --log-level \"$LOG_LEVEL\""]
+CMD ["sh", "-c", "exec openenv serve coding --host \"$HOST\" --port \"$PORT\" ${MAX_SESSIONS:+--max-sessions \"$MAX_SESSIONS\"} --log-level \"$LOG_LEVEL\""]

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from ..client import EnvClient, HTTPEnvClient
 from ..environment import Environment, Transform
-from ..sandbox import Sandbox, SandboxConfig
+from ..sandbox import Layers, Sandbox, SandboxConfig
 from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/coding.ipynb #f6aea9f2
@@ -107,6 +107,12 @@ def create_safe_coding_transform() -> CompositeTransform:
     "OpenEnv's reward for the coding environment: safety, then quality."
     return CompositeTransform([CodeSafetyTransform(), CodeQualityTransform()])
 
+# %% ../../nbs/envs/coding.ipynb #cd77637f
+def _ready(ready: int | None = None # workers to keep ready; `None` reads `OPENENV_SANDBOX_READY` (default 2)
+          ) -> int:
+    "How many workers a coding environment keeps started ahead of time."
+    return int(os.environ.get("OPENENV_SANDBOX_READY", 2)) if ready is None else ready
+
 # %% ../../nbs/envs/coding.ipynb #6168e205
 class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
     "Runs Python in a sandboxed worker process; variables, functions and imports persist across an episode's steps."
@@ -118,8 +124,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
                  **limits # fields of `SandboxConfig`, e.g. `timeout_s=5`
                 ):
         super().__init__(transform if transform is not None else create_safe_coding_transform())
-        ready = int(os.environ.get("OPENENV_SANDBOX_READY", 2)) if ready is None else ready
-        self.sandbox = Sandbox(config or SandboxConfig.from_env(**limits), ready=ready)
+        self.sandbox = Sandbox(config or SandboxConfig.from_env(**limits), ready=_ready(ready))
         self.sandbox.zygote  # the fork server starts with the first session, not its first step
         self._state = CodeState(episode_id=str(uuid4()), step_count=0)
 
@@ -128,10 +133,10 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         "Start a new episode in a fresh worker: nothing of the previous one survives."
         self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0, last_exit_code=0)
         layers = self.sandbox.start(seed=seed)
-        return self._apply_transform(CodeObservation(metadata={"status": "ready", "sandbox": layers.to_json()}))
+        return self._apply_transform(CodeObservation(metadata=self._flag({"status": "ready", "sandbox": layers.to_json()})))
 
     def step(self, action: CodeAction, # the code to run
-             timeout_s: float | None = None, # wall-clock limit of this step; default the configuration's
+             timeout_s: float | None = None, # wall-clock limit of this step: may shorten the configuration's, never lengthen it
              **kwargs) -> CodeObservation:
         "Run `action.code` in the episode's worker and observe what it did."
         fresh = self.sandbox.pid is None
@@ -146,6 +151,13 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         "The episode's bookkeeping."
         return self._state
 
+# %% ../../nbs/envs/coding.ipynb #d90d3199
+@patch
+def _flag(self: CodingEnvironment, meta: dict) -> dict:
+    "`meta`, with the guarantees the sandbox runs without (`insecure_sandbox`) when it was told to run anyway."
+    if self.sandbox.insecure: meta["insecure_sandbox"] = list(self.sandbox.insecure)
+    return meta
+
 # %% ../../nbs/envs/coding.ipynb #9b4359bb
 @patch
 def _step_metadata(self: CodingEnvironment, code: str, r, fresh: bool) -> dict:
@@ -155,7 +167,7 @@ def _step_metadata(self: CodingEnvironment, code: str, r, fresh: bool) -> dict:
     if r.limit: meta["limit"] = r.limit
     if r.state_lost: meta["state_lost"] = True
     if any(r.cut.values()): meta["cut"] = r.cut
-    return meta
+    return self._flag(meta)
 
 # %% ../../nbs/envs/coding.ipynb #ee6d6cd4
 @patch
@@ -175,6 +187,20 @@ def get_metadata(self: CodingEnvironment) -> EnvironmentMetadata:
     "What `/metadata` says about the coding environment."
     return EnvironmentMetadata(name="CodingEnvironment", description=CodingEnvironment.__doc__, readme_content=_README,
                                version="1.0.0", documentation_url="https://openenv-nb.github.io/openenv-nb/envs/coding.html")
+
+# %% ../../nbs/envs/coding.ipynb #734e6e32
+@patch(cls_method=True)
+def preflight(cls: CodingEnvironment, config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
+             ) -> Layers:
+    "Start one worker as a session would, and stop it: its layers, or `IsolationError` (what a server checks before serving)."
+    with Sandbox(config or SandboxConfig.from_env()) as sb: return sb.start()
+
+# %% ../../nbs/envs/coding.ipynb #2e0a950e
+@patch(cls_method=True)
+def default_max_sessions(cls: CodingEnvironment, config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
+                        ) -> int:
+    "Sessions a coding server holds by default: the workers that fit under the memory cap (`max_workers`), less those kept ready."
+    return max(1, (config or SandboxConfig.from_env()).max_workers - _ready())
 
 # %% ../../nbs/envs/coding.ipynb #f8900f86
 class CodingEnv(EnvClient[CodeAction, CodeObservation, CodeState]):
