@@ -1,4 +1,4 @@
-"""Talk to an environment server: `EnvClient` (async, over `/ws`), its `.sync()` twin, `HTTPEnvClient`, and `GenericEnvClient` for dicts.
+"""Talk to an environment server: `EnvClient` (over `/ws`; blocking in a script, awaitable in async code; reconnecting between episodes), its `.sync()` twin, `HTTPEnvClient` (with the Task API), and `GenericEnvClient` for dicts.
 
 Docs: https://openenv-nb.github.io/openenv-nb/client.html.md"""
 
@@ -6,17 +6,20 @@ Docs: https://openenv-nb.github.io/openenv-nb/client.html.md"""
 
 # %% auto #0
 __all__ = ['ActT', 'ObsT', 'StateT', 'EXT_HEADER', 'WANTED', 'SESSION_ENDING', 'ws_url', 'http_url', 'is_loopback',
-           'auth_headers', 'refused', 'model_args', 'adopt_types', 'EnvClient', 'GenericEnvClient', 'run_sync',
-           'SyncEnvClient', 'HTTPEnvClient']
+           'auth_headers', 'refused', 'model_args', 'adopt_types', 'run_sync', 'autosync', 'blocking', 'EnvClient',
+           'starting', 'EpisodeLost', 'reply_metadata', 'parse_reply', 'GenericEnvClient', 'SyncEnvClient',
+           'HTTPEnvClient']
 
 # %% ../nbs/03_client.ipynb #fdd158ec
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
 import os
 import re
+import socket
 import threading
 import typing
 from typing import Any, Generic, TypeVar
@@ -27,7 +30,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus, InvalidURI
 
 from .providers import DockerProvider, LocalProcessProvider
 from .types import Action, EnvConnectionError, EnvServerError, EnvTimeoutError, Observation, State
@@ -103,6 +106,45 @@ def adopt_types(obj # an instance of a generic client, maybe created as `Cls[A, 
         args = [a if isinstance(a, type) and issubclass(a, BaseModel) else None for a in typing.get_args(alias)] + [None] * 3
         obj.action_type, obj.observation_type, obj.state_type = args[:3]
 
+# %% ../nbs/03_client.ipynb #8bfd672c
+_loop, _loop_lock = None, threading.Lock()
+
+def _sync_loop() -> asyncio.AbstractEventLoop:
+    "The sync twins' event loop, one per process, in a daemon thread started on first use."
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="openenv-sync-loop", daemon=True).start()
+    return _loop
+
+# %% ../nbs/03_client.ipynb #558e50b5
+def run_sync(coro # a coroutine
+            ):
+    "Run `coro` on the background loop and wait for its result (interrupting cancels it)."
+    fut = asyncio.run_coroutine_threadsafe(coro, _sync_loop())
+    try: return fut.result()
+    except BaseException:
+        fut.cancel()
+        raise
+
+# %% ../nbs/03_client.ipynb #71872dd9
+def autosync(f # an async function
+            ):
+    "`f`, blocking where no event loop runs in the calling thread, and awaitable where one does."
+    @functools.wraps(f)
+    def _f(*args, **kwargs):
+        try: asyncio.get_running_loop()
+        except RuntimeError: return run_sync(f(*args, **kwargs))
+        return f(*args, **kwargs)
+    return _f
+
+# %% ../nbs/03_client.ipynb #d121848f
+def blocking(r # a call's result, or its coroutine
+            ):
+    "The result of `r`, run on the background loop when it is a coroutine."
+    return run_sync(r) if inspect.iscoroutine(r) else r
+
 # %% ../nbs/03_client.ipynb #668d9540
 EXT_HEADER = "x-openenv-extensions"
 WANTED = ("request-id", "metadata")  # extensions this client uses when the server offers them
@@ -110,12 +152,12 @@ SESSION_ENDING = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}  # the s
 
 # %% ../nbs/03_client.ipynb #281c00dc
 class EnvClient(Generic[ActT, ObsT, StateT]):
-    "Async client for one session of an environment server, over WebSocket."
+    "Client for one session of an environment server, over WebSocket: awaitable in async code, blocking in a script."
     default_target: str | None = None  # what `from_local()` serves when not told (e.g. `"echo"`)
     wanted: tuple[str, ...] = WANTED  # extensions to ask for
 
     def __init__(self, base_url: str | None = None, # the server, `http://host:port` or `ws://host:port`
-                 connect_timeout_s: float = 10.0, # limit on opening the connection
+                 connect_timeout_s: float = 10.0, # limit on opening the connection, trying again while the server starts
                  message_timeout_s: float = 60.0, # limit on waiting for each reply
                  max_message_size_mb: float = 100.0, # largest reply accepted
                  provider=None, # a provider that starts the server on `connect` and stops it on `close`
@@ -126,8 +168,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self.base_url, self._provider, self.headers = base_url, provider, auth_headers(headers, token)
         self._connect_timeout, self._message_timeout = connect_timeout_s, message_timeout_s
         self._max_size = int(max_message_size_mb * 1024 * 1024)
+        self._options = dict(connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
+                             max_message_size_mb=max_message_size_mb, headers=self.headers, token="")  # for `new_session`
         self._ws: ClientConnection | None = None
-        self._lock, self._seq, self.extensions, self._lost = asyncio.Lock(), 0, frozenset(), None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that owns `_ws`
+        self._lock, self._seq, self.extensions, self._lost, self._children = asyncio.Lock(), 0, frozenset(), None, []
         self.action_type, self.observation_type, self.state_type = model_args(type(self), EnvClient)
 
 # %% ../nbs/03_client.ipynb #f0e71df5
@@ -140,19 +185,49 @@ def url(self: EnvClient) -> str | None:
 @patch
 def __repr__(self: EnvClient): return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
 
+# %% ../nbs/03_client.ipynb #2380adc5
+def starting(e: Exception # what a connection attempt raised
+            ) -> bool:
+    "Whether `e` says the server is not up yet (refused, cut off, or a gateway error), so that trying again may work."
+    if isinstance(e, InvalidStatus):
+        return e.response.status_code in (502, 503, 504) and b"CAPACITY" not in (e.response.body or b"")
+    return isinstance(e, (OSError, InvalidMessage)) and not isinstance(e, (TimeoutError, socket.gaierror))
+
+# %% ../nbs/03_client.ipynb #5190c12f
+@patch
+async def _open(self: EnvClient, url: str) -> ClientConnection:
+    "The WebSocket to `url`, trying again with backoff while the server is starting, until `connect_timeout_s`."
+    loop, delay = asyncio.get_running_loop(), 0.05
+    end = loop.time() + self._connect_timeout
+    while True:
+        try: return await ws_connect(url, open_timeout=max(end - loop.time(), 0.01), max_size=self._max_size, compression=None,
+                                     additional_headers={EXT_HEADER: ", ".join(self.wanted), **self.headers},
+                                     proxy=None if is_loopback(url) else True, logger=_ws_log)
+        except (OSError, InvalidHandshake) as e:
+            if not starting(e) or loop.time() + delay >= end: raise
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 1.0)
+
+# %% ../nbs/03_client.ipynb #0dbbfbdb
+@patch
+def _elsewhere(self: EnvClient) -> asyncio.AbstractEventLoop | None:
+    "The running loop of another thread that owns the connection, if it is not this one's; forgets one whose loop stopped."
+    if self._ws is None or self._loop is asyncio.get_running_loop(): return None
+    if self._loop.is_running(): return self._loop
+    self._ws, self._lost = None, "the event loop that opened the connection has stopped"
+
 # %% ../nbs/03_client.ipynb #5f37b707
 @patch
+@autosync
 async def connect(self: EnvClient) -> "EnvClient":
     "Open the session (starting the provider's server first, if any); a no-op when open."
+    self._elsewhere()  # forgets a connection whose event loop has stopped
     if self._ws is not None: return self
     adopt_types(self)
     if self._provider is not None and self.base_url is None:
         self.base_url = await asyncio.get_running_loop().run_in_executor(None, self._provider.start)
     url = self.url
-    try:
-        self._ws = await ws_connect(url, open_timeout=self._connect_timeout, max_size=self._max_size, compression=None,
-                                    additional_headers={EXT_HEADER: ", ".join(self.wanted), **self.headers},
-                                    proxy=None if is_loopback(url) else True, logger=_ws_log)
+    try: self._ws = await self._open(url)
     except asyncio.TimeoutError:
         await self._stop_provider()
         raise EnvConnectionError(f"Could not connect to {url}: no handshake within {self._connect_timeout:g} s") from None
@@ -160,7 +235,7 @@ async def connect(self: EnvClient) -> "EnvClient":
         await self._stop_provider()
         why = refused(e.response) if isinstance(e, InvalidStatus) else e
         raise EnvConnectionError(f"Could not connect to {url}: {why}") from e
-    self._lost = None
+    self._lost, self._loop = None, asyncio.get_running_loop()
     offered = self._ws.response.headers.get(EXT_HEADER, "")
     self.extensions = frozenset(e.strip() for e in offered.split(",")) & set(self.wanted)
     return self
@@ -175,8 +250,10 @@ async def _stop_provider(self: EnvClient):
 
 # %% ../nbs/03_client.ipynb #2d1bd755
 @patch
+@autosync
 async def disconnect(self: EnvClient):
     "Close the session (the server closes its environment); the client can connect again."
+    if (home := self._elsewhere()) is not None: return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.disconnect(), home))
     ws, self._ws = self._ws, None
     if ws is None: return
     if self._lock.locked():  # a call awaits its reply: no orderly close is possible, so cut the connection (the call raises)
@@ -196,9 +273,13 @@ def _abandon(self: EnvClient):
 
 # %% ../nbs/03_client.ipynb #157e07c9
 @patch
+@autosync
 async def close(self: EnvClient):
-    "Close the session and stop the provider's server, if the client started one."
-    try: await self.disconnect()
+    "Close the session and those `new_session` opened, and stop the provider's server, if the client started one."
+    children, self._children = self._children, []
+    try:
+        await asyncio.gather(*[c.close() for c in children], return_exceptions=True)
+        await self.disconnect()
     finally: await self._stop_provider()
 
 # %% ../nbs/03_client.ipynb #a9f9ad77
@@ -209,15 +290,28 @@ async def __aenter__(self: EnvClient): return await self.connect()
 @patch
 async def __aexit__(self: EnvClient, *exc): await self.close()
 
+# %% ../nbs/03_client.ipynb #be83d072
+@patch
+def __enter__(self: EnvClient): return blocking(self.connect())
+
+# %% ../nbs/03_client.ipynb #4f200904
+@patch
+def __exit__(self: EnvClient, *exc): blocking(self.close())
+
+# %% ../nbs/03_client.ipynb #87d41b63
+class EpisodeLost(EnvConnectionError):
+    "The session's connection was lost, and the episode with it; `reset()` starts a new one."
+
 # %% ../nbs/03_client.ipynb #33d3c197
 @patch
-def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EnvConnectionError:
+def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
     "The error for a connection that dropped while `kind` was in flight; the session is lost."
     here, self._ws = self._ws is None, None  # `disconnect` let go of it first: this client cut it
     code = e.rcvd.code if e.rcvd else 1006
     why = (e.rcvd.reason if e.rcvd else "") or ("this client closed it" if here else "no close frame: the server went away")
     self._lost = f"connection closed during '{kind}' (code {code}: {why})"
-    return EnvConnectionError(f"Connection to {self.url} closed during '{kind}' (code {code}: {why})")
+    return EpisodeLost(f"Connection to {self.url} closed during '{kind}' (code {code}: {why}); "
+                       "the episode is lost, reset() starts a new one")
 
 # %% ../nbs/03_client.ipynb #28e7638d
 @patch
@@ -235,7 +329,8 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
     kind, rid = msg["type"], None
     if "request-id" in self.extensions: self._seq += 1; rid = msg["id"] = self._seq
     try:
-        await self._ws.send(json.dumps(msg))
+        try: await self._ws.send(json.dumps(msg))
+        except ConnectionClosed: pass  # closed already: a frame sent before the close is still read below
         async with asyncio.timeout(self._message_timeout): return await self._receive(rid)
     except ConnectionClosed as e: raise self._dropped(e, kind) from None
     except TimeoutError:
@@ -248,20 +343,42 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
 # %% ../nbs/03_client.ipynb #9797a115
 @patch
 async def _request(self: EnvClient, msg: dict) -> dict:
-    "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`."
+    "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`, a lost episode as `EpisodeLost`."
+    if (home := self._elsewhere()) is not None: return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._request(msg), home))
     kind = msg["type"]
     async with self._lock:
-        if self._ws is None:
-            if self._lost and kind != "reset":
-                raise EnvConnectionError(f"The session with {self.url} was lost ({self._lost}); reset() starts a new one")
+        if fresh := self._ws is None:
+            if self._lost and kind != "reset": raise EpisodeLost(f"The session with {self.url} was lost ({self._lost}); reset() starts a new one")
             await self.connect()
-        reply = await self._exchange(msg)
+        try: reply = await self._exchange(msg)
+        except EpisodeLost:
+            if kind != "reset" or fresh: raise
+            await self.connect()  # dropped between episodes: the new episode gets a new connection
+            reply = await self._exchange(msg)
     if reply.get("type") != "error": return reply.get("data") or {}
     data = reply.get("data") or {}
     if data.get("code") in SESSION_ENDING:
         await self.disconnect()
         self._lost = f"{data.get('code')}: {data.get('message')}"
     raise EnvServerError.from_frame(data, self.url)
+
+# %% ../nbs/03_client.ipynb #76c4c5a8
+def reply_metadata(payload: dict # a reset or step reply
+                  ) -> dict:
+    "The observation's metadata in a reply, wherever the server put it: in `observation`, at the top level, or both."
+    obs = payload.get("observation")
+    return {**((obs.get("metadata") or {}) if isinstance(obs, dict) else {}), **(payload.get("metadata") or {})}
+
+# %% ../nbs/03_client.ipynb #1d5e0ecf
+def parse_reply(payload: dict, # a reset or step reply
+                obs_cls: type[Observation] | None = None # the observation class; `None` keeps a dict
+               ) -> StepResult:
+    "A reply as a `StepResult` whose observation and `metadata` carry the observation's metadata."
+    md, obs = reply_metadata(payload), payload.get("observation") or {}
+    if md and obs_cls is None: obs = {**obs, "metadata": md}
+    r = from_envelope({**payload, "observation": obs, "metadata": md}, obs_cls)
+    r.metadata = md or None  # as openenv 0.10's `StepResult.metadata`
+    return r
 
 # %% ../nbs/03_client.ipynb #303008b2
 @patch
@@ -278,8 +395,8 @@ def _step_payload(self: EnvClient, action) -> dict:
 # %% ../nbs/03_client.ipynb #f95f1661
 @patch
 def _parse_result(self: EnvClient, payload: dict) -> StepResult[ObsT]:
-    "An envelope as a `StepResult`, typed with the observation class when known."
-    return from_envelope(payload, self.observation_type)
+    "A reply as a `StepResult`, typed with the observation class when known (see `parse_reply`)."
+    return parse_reply(payload, self.observation_type)
 
 # %% ../nbs/03_client.ipynb #d50fdf1f
 @patch
@@ -289,18 +406,21 @@ def _parse_state(self: EnvClient, payload: dict) -> StateT:
 
 # %% ../nbs/03_client.ipynb #3913e97f
 @patch
+@autosync
 async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
     "Start a new episode (`seed=`, `episode_id=`, or what the environment takes)."
     return self._parse_result(await self._request({"type": "reset", "data": kwargs}))
 
 # %% ../nbs/03_client.ipynb #932894d9
 @patch
+@autosync
 async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
     "Apply `action` (an instance of the action class, or a dict of its fields)."
     return self._parse_result(await self._request({"type": "step", "data": self._step_payload(action)}))
 
 # %% ../nbs/03_client.ipynb #4852e583
 @patch
+@autosync
 async def state(self: EnvClient) -> StateT:
     "The episode's state on the server."
     return self._parse_state(await self._request({"type": "state"}))
@@ -309,6 +429,17 @@ async def state(self: EnvClient) -> StateT:
 class GenericEnvClient(EnvClient[dict, dict, dict]):
     "An `EnvClient` with dicts in and dicts out."
     def _parse_state(self, payload: dict) -> dict: return payload
+
+# %% ../nbs/03_client.ipynb #0bbafa1f
+@patch
+@autosync
+async def new_session(self: EnvClient) -> EnvClient:
+    "Another session on the same server: a connected client of the same class, closed when this one is."
+    if self.base_url is None: await self.connect()  # starts the provider's server
+    child = type(self)(self.base_url, **self._options)
+    child.action_type, child.observation_type, child.state_type = self.action_type, self.observation_type, self.state_type
+    self._children.append(await child.connect())
+    return child
 
 # %% ../nbs/03_client.ipynb #be2719c5
 @patch(cls_method=True)
@@ -358,31 +489,9 @@ async def lease(cls: EnvClient, pool, # a started `ServerPool`, or anything with
         finally: await env.close()
     finally: pool.give(i)
 
-# %% ../nbs/03_client.ipynb #8bfd672c
-_loop, _loop_lock = None, threading.Lock()
-
-def _sync_loop() -> asyncio.AbstractEventLoop:
-    "The sync twins' event loop, one per process, in a daemon thread started on first use."
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="openenv-sync-loop", daemon=True).start()
-    return _loop
-
-# %% ../nbs/03_client.ipynb #558e50b5
-def run_sync(coro # a coroutine
-            ):
-    "Run `coro` on the background loop and wait for its result (interrupting cancels it)."
-    fut = asyncio.run_coroutine_threadsafe(coro, _sync_loop())
-    try: return fut.result()
-    except BaseException:
-        fut.cancel()
-        raise
-
 # %% ../nbs/03_client.ipynb #a41ae60c
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
-    "Blocking twin of an `EnvClient`: the same calls, without `await`."
+    "Blocking twin of an `EnvClient`: the same calls, blocking in async code too."
     def __init__(self, client: EnvClient): self.async_client = client
     def __getattr__(self, name): return getattr(self.async_client, name)
 
@@ -400,38 +509,44 @@ def __repr__(self: SyncEnvClient): return f"{type(self).__name__}({self.async_cl
 @patch
 def connect(self: SyncEnvClient) -> SyncEnvClient:
     "Open the session; see `EnvClient.connect`."
-    run_sync(self.async_client.connect())
+    blocking(self.async_client.connect())
     return self
 
 # %% ../nbs/03_client.ipynb #c2a12cc4
 @patch
 def reset(self: SyncEnvClient, **kwargs) -> StepResult[ObsT]:
     "Start a new episode; see `EnvClient.reset`."
-    return run_sync(self.async_client.reset(**kwargs))
+    return blocking(self.async_client.reset(**kwargs))
 
 # %% ../nbs/03_client.ipynb #73b13a68
 @patch
 def step(self: SyncEnvClient, action, **kwargs) -> StepResult[ObsT]:
     "Apply `action`; see `EnvClient.step`."
-    return run_sync(self.async_client.step(action, **kwargs))
+    return blocking(self.async_client.step(action, **kwargs))
 
 # %% ../nbs/03_client.ipynb #e77a00c9
 @patch
 def state(self: SyncEnvClient) -> StateT:
     "The episode's state; see `EnvClient.state`."
-    return run_sync(self.async_client.state())
+    return blocking(self.async_client.state())
+
+# %% ../nbs/03_client.ipynb #edd7f811
+@patch
+def new_session(self: SyncEnvClient) -> SyncEnvClient:
+    "Another session on the same server, blocking too; see `EnvClient.new_session`."
+    return blocking(self.async_client.new_session()).sync()
 
 # %% ../nbs/03_client.ipynb #e690dddc
 @patch
 def disconnect(self: SyncEnvClient):
     "Close the session; the client can connect again."
-    run_sync(self.async_client.disconnect())
+    blocking(self.async_client.disconnect())
 
 # %% ../nbs/03_client.ipynb #1870ecc2
 @patch
 def close(self: SyncEnvClient):
     "Close the session and stop the provider's server, if the client started one."
-    run_sync(self.async_client.close())
+    blocking(self.async_client.close())
 
 # %% ../nbs/03_client.ipynb #a4ce6095
 @patch
@@ -450,7 +565,9 @@ class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
                  observation_type: type[Observation] | None = None,
                  state_type: type[State] | None = None,
                  headers: dict | None = None, # more headers for every request
-                 token: str | None = None): # the server's bearer token; `None` reads `OPENENV_TOKEN`; `""` none
+                 token: str | None = None, # the server's bearer token; `None` reads `OPENENV_TOKEN`; `""` none
+                 env_name: str | None = None): # the environment in the Task API's paths; `None` asks `/list_environments`
+        self.env_name = env_name
         self.base_url, self.timeout_s, self.session = http_url(base_url), timeout_s, requests.Session()
         self.session.headers.update({EXT_HEADER: "metadata", **auth_headers(headers, token)})
         if is_loopback(self.base_url): self.session.trust_env = False
@@ -513,6 +630,58 @@ def metadata(self: HTTPEnvClient) -> dict:
 def schema(self: HTTPEnvClient) -> dict:
     "`/schema`: JSON schemas of the action, observation and state."
     return self._call("GET", "/schema")
+
+# %% ../nbs/03_client.ipynb #89e93364
+@patch
+def list_environments(self: HTTPEnvClient) -> list[str]:
+    "`/list_environments`: the environments whose tasks the server serves."
+    return self._call("GET", "/list_environments")
+
+# %% ../nbs/03_client.ipynb #bc3d3eb4
+@patch
+def _tasks(self: HTTPEnvClient, route: str, # the route after `/{env_name}/`
+           body: dict | None = None # the request body; `None` for a `GET`
+          ) -> Any:
+    "Call Task API `route` of the server's environment."
+    if self.env_name is None: self.env_name = self.list_environments()[0]
+    return self._call("GET" if body is None else "POST", f"/{self.env_name}/{route}", body)
+
+# %% ../nbs/03_client.ipynb #8b73625a
+@patch
+def splits(self: HTTPEnvClient) -> list[dict]:
+    "`/{env}/splits`: each split as `{name, type, ...}`."
+    return self._tasks("splits")
+
+# %% ../nbs/03_client.ipynb #57514080
+@patch
+def list_tasks(self: HTTPEnvClient, split: str # the split's name
+              ) -> list:
+    "`/{env}/tasks`: the tasks of `split` (a preview, for a split too large to list)."
+    return self._tasks("tasks", {"split": split})["tasks"]
+
+# %% ../nbs/03_client.ipynb #26797db3
+@patch
+def num_tasks(self: HTTPEnvClient, split: str # the split's name
+             ) -> int:
+    "`/{env}/num_tasks`: how many tasks `split` holds."
+    return self._tasks("num_tasks", {"split": split})["num_tasks"]
+
+# %% ../nbs/03_client.ipynb #ae4eee3e
+@patch
+def get_task(self: HTTPEnvClient, split: str, # the split's name
+             index: int # the task's place in the split, from 0
+            ) -> Any:
+    "`/{env}/task`: task `index` of `split`; a 400 `EnvServerError` where there is none."
+    return self._tasks("task", {"split": split, "index": index})["task"]
+
+# %% ../nbs/03_client.ipynb #8e028e94
+@patch
+def get_task_range(self: HTTPEnvClient, split: str, # the split's name
+                   start: int | None = None, # first index; from the start when omitted
+                   stop: int | None = None # index to stop before; to the end when omitted
+                  ) -> list:
+    "`/{env}/task_range`: the tasks of `split` from `start` to before `stop`, counted as a slice counts."
+    return self._tasks("task_range", {"split": split, "start": start, "stop": stop})["tasks"]
 
 # %% ../nbs/03_client.ipynb #23e440e2
 @patch

@@ -17,9 +17,9 @@ from typing import Callable, Generic, Sequence, TypeVar
 
 from fastcore.basics import patch
 from fastcore.meta import delegates
-from .client import EnvClient, adopt_types, model_args, run_sync
+from .client import EnvClient, EpisodeLost, adopt_types, autosync, blocking, model_args, parse_reply, run_sync
 from .providers import LocalProcessProvider
-from .types import EnvConnectionError, EnvServerError, OpenEnvError, State, from_envelope
+from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
 
 # %% ../nbs/09_vector.ipynb #779de17b
 class _Link(EnvClient):
@@ -83,13 +83,15 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
                  message_timeout_s: float = 60.0, # limit on each batch reply
                  connect_timeout_s: float = 10.0, # limit on each connection
                  providers: Sequence = (), # providers whose servers to start on `connect` (and stop on `close`)
+                 headers: dict | None = None, # more headers for each handshake
+                 token: str | None = None, # the servers' bearer token; `None` reads `OPENENV_TOKEN`; `""` none
                 ):
         if num_envs < 1: raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         self._source = urls if hasattr(urls, "urls") else None
         self._urls = [] if self._source else [urls] if isinstance(urls, str) else list(urls or [])
         if not self.urls and not providers: raise ValueError("VectorEnv needs urls or providers")
         self.num_envs, self.auto_reset, self.providers = num_envs, auto_reset, list(providers)
-        self._timeouts = dict(message_timeout_s=message_timeout_s, connect_timeout_s=connect_timeout_s)
+        self._options = dict(message_timeout_s=message_timeout_s, connect_timeout_s=connect_timeout_s, headers=headers, token=token)
         self.action_type, self.observation_type, self.state_type = model_args(type(self), VectorEnv)
         self._links: list[_Link] = []
         self._where: list[tuple[int, int]] = []  # environment index -> (link, environment id there)
@@ -118,6 +120,7 @@ def spread(n: int, # environments
 
 # %% ../nbs/09_vector.ipynb #6cc9325d
 @patch
+@autosync
 async def connect(self: VectorEnv) -> VectorEnv:
     "Start the providers' servers, connect to every server and open the environments."
     if self._links: return self
@@ -139,16 +142,16 @@ async def connect(self: VectorEnv) -> VectorEnv:
 @patch
 def _link(self: VectorEnv, url: str) -> _Link:
     "A link to `url`, typed with this vector's classes."
-    l = _Link(url, **self._timeouts)
+    l = _Link(url, **self._options)
     l.action_type, l.observation_type, l.state_type = self.action_type, self.observation_type, self.state_type
     return l
 
 # %% ../nbs/09_vector.ipynb #2a60a700
 def _episode_lost(i: int, # the environment's index
                   e: EnvConnectionError # how its connection was lost
-                 ) -> EnvConnectionError:
+                 ) -> EpisodeLost:
     "The error of environment `i` whose connection was lost: it names the environment and says the episode is gone."
-    err = EnvConnectionError(f"Environment {i} lost its episode: {e}")
+    err = EpisodeLost(f"Environment {i} lost its episode: {e}")
     err.__cause__ = e
     return err
 
@@ -170,14 +173,14 @@ async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exc
 # %% ../nbs/09_vector.ipynb #0b762575
 @patch
 def _collect(self: VectorEnv, envs: list[int], frames: list, resets: list[bool]) -> VectorResult:
-    "A `VectorResult` from result frames, typed with the observation class."
+    "A `VectorResult` from result frames, typed with the observation class, metadata kept (see `client.parse_reply`)."
     r = VectorResult(envs, [], [], [], [], resets)
     for i, f in zip(envs, frames):
         err = f if isinstance(f, Exception) else None
         if err is None and f.get("type") == "error":
             err = EnvServerError.from_frame(f.get("data") or {}, f"{self._links[self._where[i][0]].url} (environment {i})")
         if err is None:
-            res = from_envelope(f["data"], self.observation_type)
+            res = parse_reply(f["data"], self.observation_type)
             r.observations.append(res.observation); r.rewards.append(res.reward); r.dones.append(res.done)
         else:
             r.observations.append(None); r.rewards.append(None); r.dones.append(False)
@@ -218,6 +221,7 @@ async def _reopen(self: VectorEnv, links: set[int]) -> dict[int, Exception]:
 
 # %% ../nbs/09_vector.ipynb #9a570097
 @patch
+@autosync
 async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # an int (environment `i` gets `seed + i`) or one per environment
                 envs: Sequence[int] | None = None, # which environments (default: all)
                 **kwargs # passed to every environment's `reset`
@@ -243,6 +247,7 @@ def _step_payload(self: VectorEnv, action) -> dict:
 
 # %% ../nbs/09_vector.ipynb #2273cf9a
 @patch
+@autosync
 async def step(self: VectorEnv, actions: Sequence, # one action per environment in `envs`
                envs: Sequence[int] | None = None, # which environments (default: all)
               ) -> VectorResult[ObsT]:
@@ -259,6 +264,7 @@ async def step(self: VectorEnv, actions: Sequence, # one action per environment 
 
 # %% ../nbs/09_vector.ipynb #abbb32db
 @patch
+@autosync
 async def states(self: VectorEnv, envs: Sequence[int] | None = None # which environments (default: all)
                 ) -> list:
     "The state of each environment (an exception in place of one that failed)."
@@ -272,6 +278,7 @@ async def states(self: VectorEnv, envs: Sequence[int] | None = None # which envi
 
 # %% ../nbs/09_vector.ipynb #b3b61ce9
 @patch
+@autosync
 async def close(self: VectorEnv):
     "Close every connection (the servers close the environments) and stop the providers' servers."
     links, self._links = self._links, []
@@ -340,6 +347,7 @@ def total_rewards(self: Rollout) -> list[float]:
 
 # %% ../nbs/09_vector.ipynb #37dbed8f
 @patch
+@autosync
 async def rollout(self: VectorEnv, policy: Callable, # observations of the running environments -> their actions
                   max_steps: int, # most steps per environment
                   seed: int | Sequence[int] | None = None, # as for `reset`
@@ -384,38 +392,38 @@ def __len__(self: SyncVectorEnv): return len(self.async_env)
 @patch
 def connect(self: SyncVectorEnv) -> SyncVectorEnv:
     "Connect; see `VectorEnv.connect`."
-    run_sync(self.async_env.connect())
+    blocking(self.async_env.connect())
     return self
 
 # %% ../nbs/09_vector.ipynb #49877604
 @patch
 def reset(self: SyncVectorEnv, seed=None, envs=None, **kwargs) -> VectorResult:
     "Start new episodes; see `VectorEnv.reset`."
-    return run_sync(self.async_env.reset(seed, envs, **kwargs))
+    return blocking(self.async_env.reset(seed, envs, **kwargs))
 
 # %% ../nbs/09_vector.ipynb #a6f42c3e
 @patch
 def step(self: SyncVectorEnv, actions, envs=None) -> VectorResult:
     "Step the environments; see `VectorEnv.step`."
-    return run_sync(self.async_env.step(actions, envs))
+    return blocking(self.async_env.step(actions, envs))
 
 # %% ../nbs/09_vector.ipynb #551d0dbc
 @patch
 def states(self: SyncVectorEnv, envs=None) -> list:
     "The state of each environment; see `VectorEnv.states`."
-    return run_sync(self.async_env.states(envs))
+    return blocking(self.async_env.states(envs))
 
 # %% ../nbs/09_vector.ipynb #9c4a85e6
 @patch
 def rollout(self: SyncVectorEnv, policy, max_steps: int, seed=None) -> Rollout:
     "Run `policy` on every environment; see `VectorEnv.rollout`."
-    return run_sync(self.async_env.rollout(policy, max_steps, seed))
+    return blocking(self.async_env.rollout(policy, max_steps, seed))
 
 # %% ../nbs/09_vector.ipynb #15a0f5e7
 @patch
 def close(self: SyncVectorEnv):
     "Close the connections and stop the providers' servers; see `VectorEnv.close`."
-    run_sync(self.async_env.close())
+    blocking(self.async_env.close())
 
 # %% ../nbs/09_vector.ipynb #2d92e5e0
 @patch

@@ -7,7 +7,8 @@ import signal
 import pytest
 from websockets.asyncio.client import connect
 
-from openenv_nb.client import ws_url
+from openenv_nb.client import EpisodeLost, ws_url
+from openenv_nb.providers import LocalProcessProvider
 from openenv_nb.envs.echo import EchoAction, EchoEnv, EchoObservation
 from openenv_nb.types import EnvConnectionError, EnvServerError, State
 from openenv_nb.vector import VectorEnv
@@ -67,12 +68,12 @@ def test_mixed_done_with_auto_reset(server):
 def test_a_dead_server_fails_only_its_environments():
     a, b = start_server("echo"), start_server("echo")
     try:
-        with EchoVector([a.base_url, b.base_url], num_envs=4).sync() as venv:
+        with EchoVector([a.base_url, b.base_url], num_envs=4, connect_timeout_s=2).sync() as venv:
             venv.reset()
             os.killpg(b.proc.pid, signal.SIGKILL)
             r = venv.step([EchoAction(message="hi")] * 4)
             assert [e is None for e in r.errors] == [True, True, False, False]
-            assert isinstance(r.errors[2], EnvConnectionError) and b.base_url.replace("http", "ws") in str(r.errors[2])
+            assert isinstance(r.errors[2], EpisodeLost) and b.base_url.replace("http", "ws") in str(r.errors[2])
             r = venv.step([EchoAction(message="again")] * 4)
             assert "reset() starts a new one" in str(r.errors[3]) and r.errors[0] is None
             r = venv.reset()  # the dead server cannot be reached again: said per environment
@@ -111,3 +112,16 @@ def test_an_openenv_client_cannot_send_batches(echo_url):
             await ws.send(json.dumps({"type": "batch.open", "data": {"count": 2}}))
             return json.loads(await ws.recv())
     assert asyncio.run(go())["data"]["code"] == "UNKNOWN_TYPE"
+
+
+def test_plain_calls_and_a_token():
+    p = LocalProcessProvider("echo", env_vars={"OPENENV_TOKEN": "s3cret"}); url = p.start()
+    try:
+        venv = EchoVector(url, num_envs=2, token="s3cret")  # plain calls: no .sync(), no await
+        assert venv.reset().ok
+        assert [o.echoed_message for o in venv.step([EchoAction(message="t")] * 2).observations] == ["t", "t"]
+        assert venv.step([EchoAction(message="m")] * 2).observations[0].metadata == {"original_message": "m", "step": 2}
+        venv.close()
+        with pytest.raises(EnvConnectionError, match="401"): EchoVector(url, num_envs=1, token="", connect_timeout_s=2).connect()
+    finally:
+        p.stop()
