@@ -6,8 +6,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/registry.html.md"""
 
 # %% auto #0
 __all__ = ['FAMILY_USAGE', 'NAMES', 'GROUP', 'STOPPED', 'installed', 'EnvEntry', 'json_type', 'action_fields', 'load_target',
-           'describe', 'list_envs', 'format_table', 'lookup', 'AutoEnv', 'SpaceError', 'space_info', 'space_manifest',
-           'space_url', 'space_headers', 'trust_space', 'download_space']
+           'describe', 'list_envs', 'format_table', 'lookup', 'AutoEnv', 'image_for', 'SpaceError', 'space_info',
+           'space_manifest', 'space_url', 'space_headers', 'trust_space', 'download_space']
 
 # %% ../nbs/16_registry.ipynb #3fe5943e
 import inspect
@@ -132,20 +132,29 @@ class AutoEnv:
     "Clients of environments found by name (`AutoEnv.from_name`) or on the Hugging Face Hub (`AutoEnv.from_hub`)."
     def __init__(self, *args, **kwargs): raise TypeError("AutoEnv makes clients: call AutoEnv.from_name(...) or AutoEnv.from_hub(...)")
 
+# %% ../nbs/16_registry.ipynb #a5932cbf
+def image_for(target: str, # a target, as `lookup` gives it
+              image: str | None = None, # the image to use instead of the default
+             ) -> tuple[str, dict]:
+    "The image that serves `target` and the environment variables that say what it serves: a built-in's own, a family's with `OPENENV_TARGET`."
+    if fam := family(target): return image or default_tag(fam[0]), {"OPENENV_TARGET": target}
+    if image is None and not is_builtin(target): raise TargetError(f"{target} has no image of its own: build one (`openenv build`) and pass image=")
+    return image or default_tag(target), {}
+
 # %% ../nbs/16_registry.ipynb #21b70362
 @patch(cls_method=True)
 @delegates(EnvClient, but="base_url,provider")
 def from_name(cls: AutoEnv, name: str, # a name `openenv list` shows, or a family's target such as `"gym:CartPole-v1"`
               provider: str = "local", # `"local"`: a subprocess on this machine; `"docker"`: a container
-              image: str | None = None, # with `provider="docker"`: the image; default the built-in's, from `openenv build NAME`
+              image: str | None = None, # with `provider="docker"`: the image; default the built-in's or the family's, from `openenv build NAME`
               client: type[EnvClient] = GenericEnvClient, # the client class, e.g. `EchoEnv` for typed actions
               **kwargs) -> EnvClient:
     "A client of the environment called `name`, whose server starts on `connect` and stops on `close`."
     target = lookup(name)
     if provider == "local": return client.from_local(target, **kwargs)
     if provider != "docker": raise ValueError(f"provider is 'local' or 'docker', not {provider!r}")
-    if image is None and not is_builtin(target): raise TargetError(f"{name} has no image of its own: build one (`openenv build`) and pass image=")
-    return client.from_docker_image(image or default_tag(target), **kwargs)
+    image, env_vars = image_for(target, image)
+    return client.from_docker_image(image, env_vars={**(kwargs.pop("env_vars", None) or {}), **env_vars}, **kwargs)
 
 # %% ../nbs/16_registry.ipynb #3747b5dd
 class SpaceError(RuntimeError):

@@ -184,13 +184,20 @@ def test_targets():
     assert (Env.opponent, Env.depth, Env.agent_color, Env.svg) == ("search", 1, "black", False)
     with pytest.raises(ValueError, match="Unknown opponent"): make_chess_target("opponent=moonfish")
     with pytest.raises(TypeError): make_chess_target("colour=white")
+    assert make_chess_target("?opponent=search&depth=1&agent_color=black&svg=false") is Env  # a leading ? is allowed
+    with pytest.raises(ValueError, match="'search' is not key=value"): make_chess_target("search")
+
+
+def test_semantic_validation_holds_chess_to_its_declarations(served):
+    "A won game (+1) is the best return; refused moves cost `illegal_reward`, inside the declared range."
+    report = validate_url(served["random"], level="semantic", env=chess_env())
+    got = {c["id"]: c for c in report["criteria"]}
+    assert report["passed"], [c for c in report["criteria"] if not c["passed"]]
+    assert not got["floor_gap"].get("skipped") and "max_return 1" in got["floor_gap"]["details"], got["floor_gap"]
+    assert "inside [-1, 1]" in got["reward_range"]["details"], got["reward_range"]
 
 
 def test_from_local_serves_the_chess_target_in_a_subprocess():
-    try: from openenv_nb.targets import resolve
-    except ImportError: from openenv_nb.cli import resolve
-    try: resolve("chess")
-    except (Exception, SystemExit) as e: pytest.skip(f"`openenv serve chess` is not wired into the target loader yet ({e})")
     with ChessEnv.from_local().sync() as env:
         assert env.reset(seed=0).observation.fen == chess.STARTING_FEN
     p = start_server("chess:opponent=search&agent_color=black", max_sessions=4)

@@ -2,6 +2,7 @@
 `VectorEnv` against Gymnasium's own `SyncVectorEnv`."""
 import base64
 import io
+import re
 from typing import Annotated
 
 import numpy as np
@@ -11,6 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from conftest import need, start_server
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
+from openenv_nb.validate import validate
 from openenv_nb.vector import VectorEnv
 
 try:
@@ -225,11 +227,24 @@ def test_unknown_and_deprecated_ids_fail_with_gymnasiums_reason():
     else: assert make_gym_target("Taxi-v3").env_id == "Taxi-v3"
 
 
+def test_semantic_validation_holds_cartpole_to_its_declarations():
+    "CartPole declares its rewards (0 or 1 a step) and its best return (the time limit): the floor gap is checked, not skipped."
+    report = validate("gym:CartPole-v1", level="semantic")
+    got = {c["id"]: c for c in report["criteria"]}
+    assert report["passed"], [c for c in report["criteria"] if not c["passed"]]
+    assert not got["floor_gap"].get("skipped") and "max_return 500" in got["floor_gap"]["details"], got["floor_gap"]
+    assert "inside [0, 1]" in got["reward_range"]["details"], got["reward_range"]
+
+
+def test_target_specs_are_read_by_the_shared_parser():
+    Lake = make_gym_target('FrozenLake-v1?is_slippery=false&desc=["SF","HG"]')
+    assert (Lake.env_id, Lake.make_kwargs) == ("FrozenLake-v1", {"is_slippery": False, "desc": ["SF", "HG"]})
+    assert (Lake.reward_range, Lake.max_return) == ((0.0, 1.0), 1.0)
+    for bad, why in [("?is_slippery=false", "must start with a name"), ("FrozenLake-v1?is_slippery", "not key=value")]:
+        with pytest.raises(ValueError, match=re.escape(why)): make_gym_target(bad)
+
+
 def test_from_local_serves_gym_targets_in_a_subprocess():
-    try: from openenv_nb.targets import resolve
-    except ImportError: from openenv_nb.cli import resolve
-    try: resolve("gym:CartPole-v1")
-    except (Exception, SystemExit) as e: pytest.skip(f"`openenv serve gym:...` is not wired into the target loader yet ({e})")
     with GymEnv.from_local("CartPole-v1").sync() as env:
         r = env.reset(seed=0)
         assert len(r.observation.obs) == 4 and env.step(GymAction(action=1)).observation.terminated is False

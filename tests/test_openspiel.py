@@ -1,6 +1,7 @@
 """OpenSpiel games served: whole games over the wire, seeded determinism, the same tensors as OpenSpiel's own
 `rl_environment` (which OpenEnv's server wraps), illegal actions that never crash, opponents and seats chosen at reset,
 `openenv validate`, `VectorEnv` against a local loop, and OpenEnv 0.10's clients against our server."""
+import math
 import random
 from contextlib import ExitStack
 
@@ -10,7 +11,7 @@ from conftest import need, start_server
 from openenv_nb.client import GenericEnvClient
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
-from openenv_nb.validate import validate_url
+from openenv_nb.validate import validate, validate_url
 from openenv_nb.vector import VectorEnv
 from upstream_venv import run_upstream, upstream_python_why
 
@@ -196,11 +197,29 @@ def test_vector_env_gives_what_a_local_loop_gives(game):
     assert sum(d for rows in local for _, _, d in rows) >= n  # games ended and restarted along the way
 
 
+@pytest.mark.parametrize("game", ["catch", "tic_tac_toe", "blackjack"])
+def test_semantic_validation_holds_games_that_pay_at_the_end_to_their_utilities(served, game):
+    report = validate_url(served[game], level="semantic", env=openspiel_env(game))
+    got = {c["id"]: c for c in report["criteria"]}
+    assert report["passed"], [c for c in report["criteria"] if not c["passed"]]
+    assert not got["floor_gap"].get("skipped") and "max_return 1" in got["floor_gap"]["details"], got["floor_gap"]
+
+
+def test_a_game_that_pays_along_the_way_declares_nothing():
+    Env = openspiel_env("2048")
+    assert (Env.reward_range, Env.max_return) == ((-math.inf, math.inf), None)
+    got = {c["id"]: c for c in validate("openspiel:2048", level="semantic")["criteria"]}
+    assert got["floor_gap"]["skipped"] and "declares no max_return" in got["floor_gap"]["details"]
+
+
+def test_target_specs_are_read_by_the_shared_parser():
+    Env = make_openspiel_target("catch?rows=6&opponent=first&illegal_reward=-2")
+    assert (Env.game_params, Env.opponent, Env.illegal_reward, Env.reward_range) == ({"rows": 6}, "first", -2.0, (-2.0, 1.0))
+    for bad, why in [("opponent=first", "must start with a name"), ("catch?rows=6&rows=7", "sets 'rows' twice")]:
+        with pytest.raises(ValueError, match=why): make_openspiel_target(bad)
+
+
 def test_from_local_serves_openspiel_targets_in_a_subprocess():
-    try: from openenv_nb.targets import resolve
-    except ImportError: from openenv_nb.cli import resolve
-    try: resolve("openspiel:catch")
-    except (Exception, SystemExit) as e: pytest.skip(f"`openenv serve openspiel:...` is not wired into the target loader yet ({e})")
     with OpenSpielEnv.from_local("openspiel:catch").sync() as env:
         assert env.reset(seed=0).observation.legal_actions == [0, 1, 2]
     p = start_server("openspiel:tic_tac_toe?opponent=first", max_sessions=4)

@@ -144,6 +144,20 @@ def test_from_name_in_a_container(docker_engine):
         assert env.step({"message": "boxed"}).observation["echoed_message"] == "boxed"
 
 
+@pytest.mark.docker
+def test_from_name_serves_a_family_member_from_the_family_image(docker_engine):
+    "`openenv build chess` makes one image for the family; `OPENENV_TARGET` tells the container which member to serve."
+    from openenv_nb.images import build
+    build("chess", log=lambda line: None)
+    target = "chess:opponent=none&svg=false"
+    with AutoEnv.from_name(target, provider="docker").sync() as env:
+        assert (env._provider.image, env._provider.env_vars["OPENENV_TARGET"]) == ("openenv-chess:latest", target)
+        env.reset(seed=0)
+        r = env.step({"move": "e2e4"})
+        assert r.observation["opponent_move"] is None and r.observation["frame"] is None, r  # the options reached the server
+        assert r.observation["fen"].split()[1] == "b"  # no opponent replied: Black to move
+
+
 # -- the Hub ---------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -196,6 +196,13 @@ def test_vector_rollout_is_seeded(wordle_url):
         assert (t.rewards[-1] == 1.0) == (WORDS.index(secret) < 6)
 
 
+def test_target_specs_are_read_by_the_shared_parser():
+    Env = make_textarena_target("Wordle-v0?words=" + json.dumps(WORDS) + "&max_turns=4")
+    assert Env is textarena_env("Wordle-v0", words=WORDS, max_turns=4)
+    assert (Env.reward_range, Env.max_return) == ((0.0, 1.0), 1.0)
+    with pytest.raises(ValueError, match="'words' is not key=value"): make_textarena_target("Wordle-v0?words")
+
+
 def test_openenv_validate_semantic_passes_for_wordle(wordle_url):
     "Wordle declares its rewards, answer and reference solution: every semantic check of `openenv validate` runs."
     from openenv_nb.validate import validate_url

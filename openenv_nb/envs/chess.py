@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/chess.html.md"""
 # %% auto #0
 __all__ = ['VALUES', 'MATE', 'OPPONENTS', 'COLORS', 'ChessAction', 'ChessObservation', 'ChessState', 'parse_move', 'game_result',
            'random_move', 'material', 'negamax', 'search_move', 'pick_opponent', 'board_svg', 'ChessEnvironment',
-           'side', 'start_board', 'chess_env', 'make_chess_target', 'ChessEnv']
+           'side', 'start_board', 'chess_declarations', 'chess_env', 'make_chess_target', 'ChessEnv']
 
 # %% ../../nbs/envs/chess.ipynb #df88ce8f
 import base64
@@ -16,7 +16,6 @@ import json
 import random
 from importlib.metadata import version
 from typing import Callable
-from urllib.parse import parse_qsl
 from uuid import uuid4
 
 import chess
@@ -25,7 +24,7 @@ from fastcore.basics import patch
 from pydantic import Field
 
 from ..client import EnvClient
-from ..environment import Environment
+from ..environment import Environment, split_spec
 from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/chess.ipynb #b31e0ba1
@@ -262,11 +261,19 @@ def get_metadata(self: ChessEnvironment) -> EnvironmentMetadata:
     return EnvironmentMetadata(name="chess", version=version("chess"), documentation_url="https://python-chess.readthedocs.io",
                                description=f"Chess against the {self.opponent!r} opponent; moves in UCI or SAN")
 
+# %% ../../nbs/envs/chess.ipynb #9616c14f
+def chess_declarations(illegal_reward: float = -0.1 # the reward for a move that is not legal
+                      ) -> dict:
+    "`reward_range` and `max_return` of a game: +1 won, -1 lost, 0 drawn or going on, `illegal_reward` for a refused move."
+    best = 1.0 if illegal_reward <= 0 else None  # a refused move that pays could be repeated without end
+    return {"reward_range": (min(-1.0, illegal_reward), max(1.0, illegal_reward)), "max_return": best}
+
 # %% ../../nbs/envs/chess.ipynb #5f89f199
 @functools.cache
 def _chess_class(options: str) -> type[ChessEnvironment]:
     "The subclass for one set of options (as JSON), made once."
-    return type("ChessEnvironment", (ChessEnvironment,), dict(json.loads(options), __module__=__name__, __doc__=ChessEnvironment.__doc__))
+    opts = json.loads(options)
+    return type("ChessEnvironment", (ChessEnvironment,), dict(opts, **chess_declarations(opts["illegal_reward"]), __module__=__name__, __doc__=ChessEnvironment.__doc__))
 
 # %% ../../nbs/envs/chess.ipynb #5ae4dd65
 def chess_env(opponent: str = "random", # a key of `OPPONENTS` (a `reset` may change it)
@@ -286,11 +293,7 @@ def chess_env(opponent: str = "random", # a key of `OPPONENTS` (a `reset` may ch
 def make_chess_target(spec: str = "" # what follows `chess:` in `openenv serve chess:SPEC`
                      ) -> type[ChessEnvironment]:
     "The environment class that `openenv serve chess[:SPEC]` serves."
-    options = {}
-    for k, v in parse_qsl(spec.lstrip("?"), keep_blank_values=True):
-        try: options[k] = json.loads(v)
-        except ValueError: options[k] = v  # not JSON: a string
-    return chess_env(**options)
+    return chess_env(**split_spec(spec, named=False)[1])
 
 # %% ../../nbs/envs/chess.ipynb #39eb7133
 class ChessEnv(EnvClient[ChessAction, ChessObservation, ChessState]):

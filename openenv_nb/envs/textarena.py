@@ -8,8 +8,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/textarena.html.md"""
 __all__ = ['NLTK_DATA', 'RAW_STATE', 'TextArenaMessage', 'TextArenaAction', 'TextArenaObservation', 'TextArenaState',
            'own_random', 'no_downloads', 'nltk_missing', 'MissingDataError', 'missing_data', 'english_dictionary',
            'Wordle', 'game_spec', 'game_class', 'make_game', 'unwrapped', 'to_message', 'jsonable',
-           'TextArenaEnvironment', 'guessed', 'camel', 'textarena_env', 'parse_target', 'textarena_spec',
-           'make_textarena_target', 'TextArenaEnv']
+           'TextArenaEnvironment', 'guessed', 'camel', 'textarena_env', 'make_textarena_target', 'TextArenaEnv']
 
 # %% ../../nbs/envs/textarena.ipynb #c1945c2f
 import contextlib
@@ -21,7 +20,6 @@ import random
 import re
 import threading
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 from uuid import uuid4
 
 import nltk
@@ -32,7 +30,7 @@ from textarena.envs.registration import ENV_REGISTRY, EnvSpec
 from textarena.envs.utils.word_lists import EnglishDictionary
 
 from ..client import EnvClient
-from ..environment import Environment
+from ..environment import Environment, join_spec, split_spec
 from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/textarena.ipynb #363d3035
@@ -350,29 +348,11 @@ def textarena_env(env_id: str, # a TextArena id, e.g. `"Wordle-v0"`
     options = dict(kwargs, num_players=num_players, max_turns=max_turns, history=history)
     return _env_class(env_id, json.dumps(options, sort_keys=True))
 
-# %% ../../nbs/envs/textarena.ipynb #7264db14
-def parse_target(spec: str # `"Wordle-v0"` or `"Sudoku-v0?max_turns=50"`
-                ) -> tuple[str, dict]:
-    "The id and the arguments of a target spec; a value that is not JSON is a string."
-    env_id, _, query = spec.partition("?")
-    kwargs = {}
-    for k, v in parse_qsl(query, keep_blank_values=True):
-        try: kwargs[k] = json.loads(v)
-        except ValueError: kwargs[k] = v
-    return env_id, kwargs
-
-# %% ../../nbs/envs/textarena.ipynb #c346b71f
-def textarena_spec(env_id: str, # a TextArena id
-                   **kwargs # `textarena_env` arguments (JSON values)
-                  ) -> str:
-    "The target spec of `env_id` with `kwargs`: what `parse_target` reads back."
-    return env_id + ("?" + urlencode({k: json.dumps(v) for k, v in kwargs.items()}) if kwargs else "")
-
 # %% ../../nbs/envs/textarena.ipynb #a530bba8
 def make_textarena_target(spec: str # what follows `textarena:` in `openenv serve textarena:SPEC`
                          ) -> type[TextArenaEnvironment]:
     "The environment class that `openenv serve textarena:SPEC` serves."
-    env_id, kwargs = parse_target(spec)
+    env_id, kwargs = split_spec(spec)
     return textarena_env(env_id, **kwargs)
 
 # %% ../../nbs/envs/textarena.ipynb #d946fe8f
@@ -388,5 +368,5 @@ def from_local(cls: TextArenaEnv, env_id: str = "Wordle-v0", # a TextArena id
                **kwargs # passed on to the client
               ) -> TextArenaEnv:
     "A client for `env_id` served in a subprocess on this machine (`openenv serve textarena:ENV_ID`), started on `connect`."
-    target = "textarena:" + textarena_spec(env_id, **(options or {}))
+    target = "textarena:" + join_spec(env_id, **(options or {}))
     return EnvClient.from_local.__func__(cls, target, max_sessions=max_sessions, **kwargs)
