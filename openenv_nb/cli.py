@@ -11,6 +11,7 @@ __all__ = ['FAILURES', 'EPILOG', 'CommandError', 'cmd_serve', 'cmd_init', 'cmd_v
 # %% ../nbs/07_cli.ipynb #3cdfeed0
 import argparse
 import json
+import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -22,6 +23,7 @@ from .manifest import ManifestError, load_manifest, manifest_path
 from .providers import die_with_parent
 from .push import PushError, push
 from .registry import format_table, list_envs
+from .sandbox import SandboxError
 from .scaffold import ScaffoldError, init_project, placeholders
 from .server import serve
 from .targets import TargetError, app_for, resolve
@@ -32,13 +34,25 @@ class CommandError(Exception):
     "Arguments a command cannot act on: `main` prints the message and exits with status 1."
 
 # %% ../nbs/07_cli.ipynb #5d0e5684
-FAILURES = (CommandError, TargetError, ManifestError, ScaffoldError, PushError)  # what `main` prints as one line
+FAILURES = (CommandError, TargetError, ManifestError, ScaffoldError, PushError, SandboxError)  # what `main` prints as one line
+
+# %% ../nbs/07_cli.ipynb #5e55a0c1
+def _sessions(a: Namespace, obj) -> int:
+    "How many sessions to serve: `--max-sessions`, else `MAX_CONCURRENT_ENVS`, else what the environment derives, else 64."
+    if a.max_sessions: return a.max_sessions
+    if env := os.environ.get("MAX_CONCURRENT_ENVS", "").strip(): return int(env)
+    derive = getattr(obj, "default_max_sessions", None)
+    return derive() if callable(derive) else 64
 
 # %% ../nbs/07_cli.ipynb #db717ade
 def _app_and_port(a: Namespace) -> tuple:
     "The app `openenv serve` runs for the arguments `a`, and the port: `--port`, else the project's, else 8000."
+    if getattr(a, "insecure_sandbox", False): os.environ["OPENENV_SANDBOX_INSECURE"] = "1"
     obj, m = resolve(a.target)
-    app = app_for(obj, m, a.max_sessions, a.session_timeout or None, web=True if a.web else None)
+    door = {k: v for k, v in dict(token=getattr(a, "token", None), allow_origins=getattr(a, "allow_origin", None),
+            max_session_age=getattr(a, "max_session_age", None), max_connections=getattr(a, "max_connections", None),
+            max_body=getattr(a, "max_body", None), max_timeout_s=getattr(a, "max_timeout", None)).items() if v is not None}
+    app = app_for(obj, m, _sessions(a, obj), a.session_timeout or None, web=True if a.web else None, **door)
     return app, a.port if a.port is not None else m.port if m is not None else 8000
 
 # %% ../nbs/07_cli.ipynb #40a33389
@@ -116,7 +130,7 @@ def _image_tag(a: Namespace) -> str | None:
 
 # %% ../nbs/07_cli.ipynb #e40cfc97
 def cmd_build(a: Namespace) -> int:
-    "Build an environment's Docker image: a project folder, or a built-in (echo, coding). Needs a Docker engine."
+    "Build an environment's Docker image: a project folder, or a built-in (echo, coding, gym, openspiel, textarena, chess). Needs a Docker engine."
     args, tag = _build_args(a.build_arg or []), _image_tag(a)
     try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache, network=a.network, include=a.include or (), log=print)
     except ImageBuildError as e: raise CommandError(f"the image was not built: {e}") from e
@@ -161,7 +175,7 @@ def cmd_list(a: Namespace) -> int:
 
 # %% ../nbs/07_cli.ipynb #3bf13125
 EPILOG = """the environment author's path:
-  openenv init my_env                            a new project in ./my_env
+  openenv init my_env                            a new project in ./my_env (--mcp: a tool environment)
   openenv serve my_env                           serve it on http://127.0.0.1:8000
   openenv validate my_env                        check the project
   openenv validate --url http://127.0.0.1:8000   check a running server against the protocol
@@ -194,10 +208,20 @@ def _serve_parser(sub):
                                    "(an Environment class, a factory, or an app)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it (default: the project's, else 8000)")
-    s.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default: %(default)s)")
+    s.add_argument("--max-sessions", type=int, default=None, help="concurrent WebSocket sessions (default: $MAX_CONCURRENT_ENVS, "
+                   "else what the environment derives from its memory cap, else 64)")
     s.add_argument("--session-timeout", type=float, default=300.0, help="idle seconds before a session is reaped; 0 never (default: %(default)s)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--web", action="store_true", help="serve the web interface at /web (also: ENABLE_WEB_INTERFACE=true)")
+    s.add_argument("--token", help="require this bearer token on every route but /health (prefer OPENENV_TOKEN: it stays out of ps)")
+    s.add_argument("--allow-origin", action="append", metavar="ORIGIN", help="a browser origin allowed besides the server's own, "
+                   "e.g. http://localhost:3000; repeat for more (also OPENENV_ALLOW_ORIGINS)")
+    s.add_argument("--max-session-age", type=float, metavar="S", help="seconds a WebSocket session may last (default: no limit)")
+    s.add_argument("--max-connections", type=int, metavar="N", help="WebSockets open at once, batch and pages included (default: max-sessions + 64)")
+    s.add_argument("--max-body", type=int, metavar="BYTES", help="largest HTTP request body (default: the frame limit, 1 MiB)")
+    s.add_argument("--max-timeout", type=float, metavar="S", help="longest timeout_s a step may ask for (default: the environment's own)")
+    s.add_argument("--insecure-sandbox", action="store_true", help="serve coding even where the sandbox cannot give every guarantee "
+                   "it promises (a warning in the log and in every observation); same as OPENENV_SANDBOX_INSECURE=1")
 
 # %% ../nbs/07_cli.ipynb #9c15d912
 def _init_parser(sub):
@@ -229,7 +253,7 @@ def _build_parser(sub):
     b = _sub(sub, "build", cmd_build, "build an environment's Docker image",
              "examples:\n  openenv build                                this project\n"
              "  openenv build echo -t my-echo:dev\n  openenv build . --base-image my/python:3.11 --network host")
-    b.add_argument("path", nargs="?", default=".", metavar="PATH", help="a project folder with a Dockerfile, or a built-in: echo, coding (default: .)")
+    b.add_argument("path", nargs="?", default=".", metavar="PATH", help="a project folder with a Dockerfile, or a built-in: echo, coding, gym, openspiel, textarena, chess (default: .)")
     b.add_argument("-t", "--tag", help="the image's tag (default: openenv-NAME:latest)")
     b.add_argument("--base-image", metavar="IMG", help="the BASE_IMAGE build argument (default: $OPENENV_BASE_IMAGE, else the Dockerfile's)")
     b.add_argument("--build-arg", action="append", metavar="K=V", help="a build argument; repeat for more (never a secret: they stay in the image)")

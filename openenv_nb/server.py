@@ -6,8 +6,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 
 # %% auto #0
 __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'listed', 'Op', 'BatchOpenMsg', 'BatchMsg', 'BatchCloseMsg',
-           'Session', 'gather_eager', 'serve_session', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
-           'add_info_routes', 'add_http_routes', 'mcp', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError',
+           'Session', 'gather_eager', 'serve_session', 'attach', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
+           'add_info_routes', 'add_http_routes', 'session_create', 'session_close', 'rpc_once', 'mcp', 'mcp_socket',
+           'deny', 'Guard', 'web_enabled', 'ConcurrencyError', 'server_mode', 'default_capacity', 'serve_tools',
            'create_app', 'bind', 'LogGuard', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
@@ -22,12 +23,14 @@ import threading
 import time
 import types
 import typing
+import uuid
+from functools import partial
 from contextvars import ContextVar
 from typing import Any, Callable, Literal
 
 import uvicorn
 from fastapi import Body, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from fastcore.basics import patch_to
 from fastcore.meta import delegates
@@ -40,6 +43,10 @@ from .actions import (ENVELOPE, MESSAGES, CloseMsg, Doors, HTTPError, Hub, Reset
 from .environment import Environment, env_types
 from .types import Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State, StepRequest, error_frame
 from .web import add_web_interface
+from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction, ListToolsAction,
+                            MCPEnvironment, RpcError, rpc_error)
+from .tasks import add_task_routes
+
 
 # %% ../nbs/02_server.ipynb #dda81ce8
 EXTENSIONS = ("request-id", "metadata", "idle-timeout", "health-capacity", "batch")
@@ -222,10 +229,11 @@ def _timeout(hub: Hub, end: float | None # when the session must end (`time.mono
 # %% ../nbs/02_server.ipynb #22177af3
 async def serve_session(hub: Hub, # the server's shared state
                         ws: WebSocket, # an accepted socket
-                        ext: set[str]): # the extensions the client listed
+                        ext: set[str], # the extensions the client listed
+                        attached: Environment | None = None): # an HTTP MCP session's environment: used, not made nor closed
     "Serve one session on an accepted socket until it ends; the caller holds its slot (none for `batch`)."
-    env = None
-    if "batch" not in ext:
+    env = attached
+    if env is None and "batch" not in ext:
         try: env = await hub.make_env()
         except Exception as e: return await _send(ws, factory_error(hub, e))
     session, end = Session(hub, env, ext), None if hub.max_session_age is None else time.monotonic() + hub.max_session_age
@@ -237,14 +245,36 @@ async def serve_session(hub: Hub, # the server's shared state
             await _send(ws, out)
         await _send(ws, _reaped(hub) if wait == hub.session_timeout else _aged(hub))  # the limit that ran out
     finally:
-        if env is not None: await hub.close_env(env)
+        if env is not None and attached is None: await hub.close_env(env)
         await session.release()
+
 
 # %% ../nbs/02_server.ipynb #20b97d6a
 async def _refuse(ws: WebSocket, hub: Hub):
-    "Tell a client that the server is full, and close."
+    "Tell a client that the server is full, and close normally (1000), as OpenEnv 0.10 does: its clients read the frame."
     await _send(ws, at_capacity(hub))
-    await ws.close(code=1013, reason="capacity reached")
+    await ws.close()
+
+
+# %% ../nbs/02_server.ipynb #3a33daa7
+async def attach(hub: Hub, # the server's shared state
+                 ws: WebSocket, # an accepted socket
+                 ext: set[str], # the extensions the client listed
+                 sid: str): # an HTTP MCP session's id (`openenv/session/create`)
+    "Serve `/ws?session_id=SID` on that session's environment: one socket at a time; the session outlives the socket."
+    env = hub.sessions.get(sid)
+    problem = f"Unknown session_id: {sid}" if env is None else \
+              f"Session {sid} already has an attached WebSocket" if sid in hub.attached else None
+    if problem is not None:
+        await _send(ws, error_frame(ErrorCode.SESSION_ERROR, problem))
+        return await ws.close()
+    hub.attached.add(sid)
+    try: await serve_session(hub, ws, ext - {"batch"}, attached=env)
+    finally:
+        hub.attached.discard(sid)
+        if ws.application_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception): await ws.close()
+
 
 # %% ../nbs/02_server.ipynb #7541cf2e
 async def ws_endpoint(ws: WebSocket):
@@ -252,6 +282,7 @@ async def ws_endpoint(ws: WebSocket):
     hub: Hub = ws.app.state.hub
     await ws.accept(subprotocol=chosen_protocol(ws), headers=[(EXT_HEADER.encode(), ", ".join(EXTENSIONS).encode())])
     ext = listed(ws.headers.get(EXT_HEADER, ""))
+    if (sid := ws.query_params.get("session_id")) is not None: return await attach(hub, ws, ext, sid)
     slot = 0 if "batch" in ext else 1  # a batch connection holds slots only for the environments it opens
     if slot and hub.active >= hub.max_sessions: return await _refuse(ws, hub)
     hub.active += slot
@@ -263,6 +294,7 @@ async def ws_endpoint(ws: WebSocket):
         hub.active -= slot
         if ws.application_state is WebSocketState.CONNECTED:
             with contextlib.suppress(Exception): await ws.close()
+
 
 # %% ../nbs/02_server.ipynb #77fa5c6f
 async def one_shot(hub: Hub, # the server's shared state
@@ -296,12 +328,15 @@ class Schemas(BaseModel):
     action: dict[str, Any]
     observation: dict[str, Any]
     state: dict[str, Any]
+    reset_observation: dict[str, Any] | None = Field(default=None, description="What `reset` returns (the observation's schema unless the server was given `reset_observation_cls`)")
+
 
 # %% ../nbs/02_server.ipynb #aea9e943
 def add_info_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata` and `/schema` on `app`."
     schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
-              "state": hub.state_cls.model_json_schema()}
+              "state": hub.state_cls.model_json_schema(),
+              "reset_observation": (getattr(hub, "reset_observation_cls", None) or hub.observation_cls).model_json_schema()}
     @app.get("/health", tags=["Health"], summary="Health check, with session capacity", response_model=Health)
     async def health() -> dict: return hub.health()
     @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata, summary="About this environment")
@@ -311,8 +346,16 @@ def add_info_routes(app: FastAPI, hub: Hub):
     @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state", response_model=Schemas)
     async def get_schema() -> dict: return schema
 
+
 # %% ../nbs/02_server.ipynb #b3792428
 def _wants_metadata(request: Request) -> bool: return "metadata" in listed(request.headers.get(EXT_HEADER, ""))
+
+# %% ../nbs/02_server.ipynb #68663bcd
+def _topped(frame: dict) -> dict:
+    "An HTTP envelope with its top-level `metadata` always present (`null` when empty), as OpenEnv 0.10's response models send it."
+    if frame["type"] == "observation": frame["data"].setdefault("metadata", None)
+    return frame
+
 
 # %% ../nbs/02_server.ipynb #77fcb87f
 def add_http_routes(app: FastAPI, hub: Hub):
@@ -320,28 +363,101 @@ def add_http_routes(app: FastAPI, hub: Hub):
     @app.post("/reset", tags=["Environment Control"], summary="Reset a fresh environment (stateless)", **ENVELOPE)
     async def reset(request: Request, body: ResetRequest = Body(default_factory=ResetRequest)):
         frame = await one_shot(hub, "reset", body.model_dump(exclude_unset=True), _wants_metadata(request))
-        return JSONResponse(*http_reply(frame))
+        return JSONResponse(*http_reply(_topped(frame)))
     @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)", **ENVELOPE)
     async def step(request: Request, body: StepRequest):
         extra = body.model_dump(exclude_unset=True, exclude={"action"})
-        return JSONResponse(*http_reply(await one_shot(hub, "step", body.action, _wants_metadata(request), **extra)))
+        return JSONResponse(*http_reply(_topped(await one_shot(hub, "step", body.action, _wants_metadata(request), **extra))))
     @app.get("/state", tags=["State Management"], summary="State of a fresh environment (stateless)")
-    async def state(): return JSONResponse(*http_reply(await one_shot(hub, "state", {})))
+    async def state():
+        frame, fields = await one_shot(hub, "state", {}), hub.state_cls.model_fields  # only the served class's fields
+        if frame["type"] == "state": frame["data"] = {k: v for k, v in frame["data"].items() if k in fields}
+        return JSONResponse(*http_reply(frame))
+
+
+# %% ../nbs/02_server.ipynb #309e9021
+def _full(hub: Hub) -> tuple[str, dict]:
+    "The message and data of OpenEnv's JSON-RPC capacity error."
+    return (f"Server at capacity: {hub.active}/{hub.max_sessions} sessions active.",
+            {"active_sessions": hub.active, "max_sessions": hub.max_sessions})
+
+
+# %% ../nbs/02_server.ipynb #73ae0dd5
+async def session_create(hub: Hub, call) -> dict:
+    "`openenv/session/create`: an environment kept for later calls (`session_id` in their params) and `/ws?session_id=`."
+    if hub.active >= hub.max_sessions: raise RpcError(SERVER_ERROR, *_full(hub))
+    hub.active += 1
+    try: env = await hub.make_env()
+    except Exception as e:
+        hub.active -= 1
+        raise RpcError(SERVER_ERROR, factory_error(hub, e)["data"]["message"]) from None
+    hub.sessions[sid := str(uuid.uuid4())] = env
+    return {"session_id": sid}
+
+
+# %% ../nbs/02_server.ipynb #d5a2449b
+async def session_close(hub: Hub, call) -> dict:
+    "`openenv/session/close`: close a session made by `openenv/session/create`, freeing its slot."
+    if not (sid := call.params.get("session_id")): raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
+    if (env := hub.sessions.pop(sid, None)) is None: raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid}")
+    hub.active -= 1
+    await hub.close_env(env)
+    return {"session_id": sid, "closed": True}
+
 
 # %% ../nbs/02_server.ipynb #69b31b65
-def _rpc_error(rid, code: int, message: str) -> dict:
-    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+async def rpc_once(hub: Hub, # the server's shared state
+                   body: bytes | str, # one JSON-RPC message, as received
+                   **extra): # for `mcp.rpc`: `protocol`
+    "The reply to a stateless `/mcp` call; a fresh environment, made only when a method needs one, holds a slot while it runs (`tools/list` none)."
+    try: message = json.loads(body)
+    except (ValueError, RecursionError): message = body  # `rpc` answers it with a parse error
+    listing, made, slot = isinstance(message, dict) and message.get("method") == "tools/list", [], 0
+    async def fresh() -> Environment:
+        nonlocal slot
+        if not listing:
+            if hub.active >= hub.max_sessions: raise RpcError(SERVER_ERROR, *_full(hub))
+            hub.active, slot = hub.active + 1, 1
+        made.append(await hub.make_env())
+        return made[0]
+    try: frame = await act(hub, fresh, "mcp", message, info=hub.rpc_info, notifications=True, methods=hub.rpc_methods, **extra)
+    finally:
+        if made: await hub.close_env(made[0])
+        hub.active -= slot
+    return frame["data"] if frame["type"] == "mcp" else rpc_error(None, INTERNAL_ERROR, frame["data"]["message"])
+
 
 # %% ../nbs/02_server.ipynb #f8d46c42
-async def mcp(request: Request) -> dict:
-    "The `/mcp` route: JSON-RPC 2.0 for an environment without tools."
-    try: req = json.loads(await request.body())
-    except (ValueError, RecursionError) as e: return _rpc_error(None, -32700, f"Parse error: {e}")
-    if not isinstance(req, dict) or req.get("jsonrpc") != "2.0" or not isinstance(req.get("method"), str):
-        return _rpc_error(req.get("id") if isinstance(req, dict) else None, -32600,
-                          "Invalid request: expected a JSON-RPC 2.0 object with 'jsonrpc' and 'method'")
-    if req["method"] == "tools/list": return {"jsonrpc": "2.0", "id": req.get("id"), "result": {"tools": []}}
-    return _rpc_error(req.get("id"), -32601, f"Method not found: {req['method']} (this environment has no tools)")
+async def mcp(request: Request) -> Response:
+    "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, `openenv/session/create|close`, MCP's own)."
+    reply = await rpc_once(request.app.state.hub, await request.body(), protocol=request.headers.get("mcp-protocol-version"))
+    return Response(status_code=202) if reply is None else JSONResponse(reply)
+
+
+# %% ../nbs/02_server.ipynb #6345803b
+async def mcp_socket(ws: WebSocket):
+    "WebSocket `/mcp`: one socket, one environment; each text frame is one JSON-RPC message, answered in order."
+    hub: Hub = ws.app.state.hub
+    await ws.accept(subprotocol=chosen_protocol(ws))
+    if hub.active >= hub.max_sessions:
+        await ws.send_text(json.dumps(rpc_error(None, SERVER_ERROR, *_full(hub))))
+        return await ws.close()
+    hub.active, env = hub.active + 1, None
+    try:
+        env = await hub.make_env()
+        while (msg := await next_message(ws, hub.session_timeout)) is not None and msg["type"] != "websocket.disconnect":
+            text = msg.get("text") or msg.get("bytes") or ""
+            reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"] if len(text) <= hub.max_message_size else \
+                    rpc_error(None, -32600, f"Message of {len(text)} characters is over the limit of {hub.max_message_size}")
+            await ws.send_text(json.dumps(reply))
+    except Exception as e:
+        with contextlib.suppress(Exception): await ws.send_text(json.dumps(rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}")))
+    finally:
+        hub.active -= 1
+        if env is not None: await hub.close_env(env)
+        if ws.application_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception): await ws.close()
+
 
 # %% ../nbs/02_server.ipynb #342bc1f1
 _denied: ContextVar[bool] = ContextVar("openenv_denied", default=False)  # set in the task of a refused handshake
@@ -469,12 +585,43 @@ def _classes(env: Callable, action_cls: type | None, observation_cls: type | Non
                         "Environment[MyAction, MyObservation, MyState] or pass action_cls= and observation_cls=")
     return cls, action_cls, observation_cls, st
 
+# %% ../nbs/02_server.ipynb #0115db0b
+def server_mode(mode: str | None = None # `simulation` or `production`; `None` reads `OPENENV_MODE` (default `simulation`)
+               ) -> str:
+    "The server mode, checked: production serves no simulation controls (`/reset`, `/step`, `/state`), as OpenEnv 0.10."
+    m = (mode if mode is not None else os.environ.get("OPENENV_MODE") or "simulation").strip().lower()
+    if m not in ("simulation", "production"): raise ValueError(f"Invalid mode {mode!r}: use 'simulation' or 'production'")
+    return m
+
+
+# %% ../nbs/02_server.ipynb #7914adfb
+def default_capacity(env: Callable, # the environment class or factory
+                     n: int | None = None # what the caller asked for
+                    ) -> int:
+    "`n`; else `MAX_CONCURRENT_ENVS`, else 8, for a class that declares concurrent sessions; else 1 (as OpenEnv's apps)."
+    if n is not None: return n
+    if not getattr(_env_class(env, probe=False), "SUPPORTS_CONCURRENT_SESSIONS", False): return 1
+    return int(os.environ.get("MAX_CONCURRENT_ENVS", "").strip() or 8)
+
+
+# %% ../nbs/02_server.ipynb #a191c064
+def serve_tools(hub: Hub, # the hub to set up
+                cls: type | None, # the class the factory builds
+                env_name: str | None = None, # the name `initialize` reports
+                reset_observation_cls: type | None = None): # what `reset` returns, for `/schema`
+    "Set `hub` up for MCP: tool actions when `cls` is an `MCPEnvironment`, and the HTTP session methods."
+    hub.tools = (isinstance(cls, type) and issubclass(cls, MCPEnvironment)) or hub.action_cls in (CallToolAction, ListToolsAction)
+    hub.rpc_info = {"name": env_name or getattr(cls, "__name__", "environment"), "version": "1.0.0"}
+    hub.rpc_methods = {"openenv/session/create": partial(session_create, hub), "openenv/session/close": partial(session_close, hub)}
+    hub.reset_observation_cls = reset_observation_cls
+
+
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
                observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
                env_name: str | None = None, # name in the app's title (`/metadata` comes from the environment, as in OpenEnv)
-               max_concurrent_envs: int = 1, # environments the sessions and HTTP calls may hold at once
+               max_concurrent_envs: int | None = None, # environments the sessions and HTTP calls may hold at once; `None`: see `default_capacity`
                session_timeout: float | None = 300.0, # seconds of silence after which a session or page is reaped; `None` never
                max_message_size: int = 1 << 20, # longest text frame accepted, in characters
                workers: int | None = None, # threads for environments with blocking methods
@@ -486,20 +633,28 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
                max_body: int | None = None, # largest HTTP request body, in bytes; `None`: `max_message_size`
                token: str | None = None, # the bearer token callers must send; `None` reads `OPENENV_TOKEN`; `""` none
                allow_origins: list[str] | str | None = None, # browser origins let in besides the server's own; `None` reads `OPENENV_ALLOW_ORIGINS`
+               state_cls: type[State] | None = None, # the `State` class `/state` and `/schema` serve; `None`: the base `State`, as OpenEnv
+               reset_observation_cls: type[Observation] | None = None, # what `reset` returns, for `/schema`; `None`: the observation class
+               mode: str | None = None, # `simulation` or `production` (no `/reset`, `/step`, `/state`); `None` reads `OPENENV_MODE`
               ) -> FastAPI:
     "A FastAPI app serving `env` over HTTP and `/ws`."
-    cls, action_cls, observation_cls, state_cls = _classes(env, action_cls, observation_cls, max_concurrent_envs)
-    hub = Hub(env, action_cls, observation_cls, state_cls, max_concurrent_envs, session_timeout or None, max_message_size,
+    mode, max_concurrent_envs = server_mode(mode), default_capacity(env, max_concurrent_envs)
+    cls, action_cls, observation_cls, _ = _classes(env, action_cls, observation_cls, max_concurrent_envs)
+    hub = Hub(env, action_cls, observation_cls, state_cls or State, max_concurrent_envs, session_timeout or None, max_message_size,
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size))
-    app = FastAPI(title=f"openenv-nb: {env_name or cls.__name__}", version="1.0.0",
-                  description=f"{cls.__name__} served by openenv-nb {__version__}", lifespan=_lifespan)
+    name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
+    app = FastAPI(title=f"openenv-nb: {env_name or name}", version="1.0.0",
+                  description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan)
     app.state.hub = hub
+    serve_tools(hub, cls, env_name, reset_observation_cls)
     app.add_middleware(Guard, hub=hub)
     add_info_routes(app, hub)
-    add_http_routes(app, hub)
-    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0 (no tools)")
+    if mode == "simulation": add_http_routes(app, hub)
+    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0: the environment's tools and sessions")
     app.add_api_websocket_route("/ws", ws_endpoint)
+    app.add_api_websocket_route("/mcp", mcp_socket)
+    add_task_routes(app, hub, env_name)
     if web_enabled(web): add_web_interface(app)
     return app
 

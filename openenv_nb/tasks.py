@@ -79,9 +79,10 @@ def http_error(frame: dict # an error frame
 def task_error(name: str, # the `TaskProvider` method that raised
                e: BaseException # what it raised
               ) -> HTTPException:
-    "The HTTP error for task method `name` raising `e`: 501, 400, or 500 naming the exception."
+    "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500 naming the exception."
     if isinstance(e, NotImplementedError): return HTTPException(501, f"{name} is not supported for this environment")
     if isinstance(e, IndexError): return HTTPException(400, "Invalid task index")
+    if isinstance(e, (KeyError, ValueError)): return HTTPException(400, f"Invalid task request: {type(e).__name__}: {e}")
     return http_error(raised(e))
 
 # %% ../nbs/02a_tasks.ipynb #35fa6064

@@ -67,23 +67,24 @@ class StepRequest(BaseModel):
     request_id: str | None = Field(default=None, max_length=255, description="An id for tracing the request")
 
 # %% ../nbs/00_types.ipynb #4adf7b83
-_LIFTED = {"reward", "done", "metadata"}
+_LIFTED = {"reward", "done"}
 
 def to_envelope(obs: Observation, # the observation an environment returned
-                metadata: bool = False # add the observation's metadata (the `metadata` extension)
+                metadata: bool = True # unused: kept for callers of the old `metadata` extension
                ) -> dict:
-    "The wire form of `obs`: `{observation, reward, done}` (and `metadata` when asked and not empty)."
+    "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, plus `metadata` when not empty."
     env = {"observation": obs.model_dump(mode="json", exclude=_LIFTED), "reward": obs.reward, "done": obs.done}
-    if metadata and obs.metadata: env["metadata"] = obs.metadata
+    if obs.metadata: env["metadata"] = env["observation"]["metadata"]
     return env
+
 
 # %% ../nbs/00_types.ipynb #0723e399
 class Envelope(BaseModel):
     "The reply to a reset or step: an observation's fields, with reward and done beside them."
-    observation: dict[str, Any] = Field(description="The observation's own fields")
+    observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` included")
     reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
     done: bool = Field(default=False, description="Whether the episode has ended")
-    metadata: dict[str, Any] | None = Field(default=None, description="The observation's metadata (`metadata` extension only)")
+    metadata: dict[str, Any] | None = Field(default=None, description="A copy of `observation.metadata`, when that is not empty (as OpenEnv 0.10 sends it)")
 
 # %% ../nbs/00_types.ipynb #9e417b3e
 ObsT = TypeVar("ObsT")
@@ -102,7 +103,7 @@ def from_envelope(env: dict, # an envelope as received
     "Parse an envelope into a `StepResult`, typed with `obs_cls` when given."
     obs, reward, done = env.get("observation") or {}, env.get("reward"), bool(env.get("done", False))
     if obs_cls is not None:
-        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or {}})
+        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or obs.get("metadata") or {}})
     return StepResult(observation=obs, reward=reward, done=done)
 
 # %% ../nbs/00_types.ipynb #25e1eaec

@@ -16,12 +16,14 @@ def test_http_routes(echo_url):
     meta = s.get(echo_url + "/metadata").json()
     assert meta["name"] == "EchoEnvironment" and isinstance(meta["description"], str)
     schema = s.get(echo_url + "/schema").json()
-    assert schema["action"]["properties"]["message"]["type"] == "string" and set(schema) == {"action", "observation", "state"}
+    assert schema["action"]["properties"]["message"]["type"] == "string" and set(schema) == {"action", "observation", "state", "reset_observation"}
     assert s.post(echo_url + "/reset", json={"seed": 3}).json() == {
-        "observation": {"echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False}
+        "observation": {"metadata": {}, "echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False,
+        "metadata": None}
     assert s.post(echo_url + "/reset").status_code == 200  # the body is optional
     assert s.post(echo_url + "/step", json={"action": {"message": "hey"}, "timeout_s": 5}).json() == {
-        "observation": {"echoed_message": "hey", "message_length": 3}, "reward": 0.30000000000000004, "done": False}
+        "observation": {"metadata": {"original_message": "hey", "step": 1}, "echoed_message": "hey", "message_length": 3},
+        "reward": 0.30000000000000004, "done": False, "metadata": {"original_message": "hey", "step": 1}}
     st = s.get(echo_url + "/state").json()
     assert st["step_count"] == 0 and isinstance(st["episode_id"], str)  # stateless: a fresh environment
     assert s.post(echo_url + "/mcp", json={}).json()["error"]["code"] == -32600

@@ -41,9 +41,10 @@ def health(url): return requests.get(url + "/health", timeout=5).json()
 def test_episode_matches_protocol_example(echo_url):
     r = asyncio.run(raw(echo_url, {"type": "reset", "data": {"seed": 1, "episode_id": "e1"}}, {"type": "step", "data": {"message": "hi"}},
                         {"type": "state"}, {"type": "bogus"}))
+    meta = {"original_message": "hi", "step": 1}  # kept in `observation` and copied beside it, as OpenEnv 0.10 does
     assert r == [
-        {"type": "observation", "data": {"observation": {"echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False}},
-        {"type": "observation", "data": {"observation": {"echoed_message": "hi", "message_length": 2}, "reward": 0.2, "done": False}},
+        {"type": "observation", "data": {"observation": {"metadata": {}, "echoed_message": "Echo environment ready!", "message_length": 0}, "reward": 0.0, "done": False}},
+        {"type": "observation", "data": {"observation": {"metadata": meta, "echoed_message": "hi", "message_length": 2}, "reward": 0.2, "done": False, "metadata": meta}},
         {"type": "state", "data": {"episode_id": "e1", "step_count": 1}},
         {"type": "error", "data": {"message": "Unknown message type: bogus", "code": "UNKNOWN_TYPE"}},
     ]
@@ -60,7 +61,8 @@ def test_extensions_are_negotiated(echo_url):
     assert reset["id"] == "a" and step["id"] == 42
     assert step["data"]["metadata"] == {"original_message": "yo", "step": 1}
     plain = asyncio.run(raw(echo_url, {"type": "step", "data": {"message": "yo"}}))[0]
-    assert "metadata" not in plain["data"] and "id" not in plain  # an OpenEnv client sees the plain core
+    assert "id" not in plain  # an OpenEnv client sees the plain core, metadata included (as OpenEnv 0.10 sends it)
+    assert plain["data"]["metadata"] == plain["data"]["observation"]["metadata"] == {"original_message": "yo", "step": 1}
 
 
 MALFORMED = [

@@ -15,7 +15,9 @@ from pydantic import Field
 from fastcore.basics import patch
 from ..client import EnvClient, HTTPEnvClient
 from ..environment import Environment
+from ..mcp import MCPEchoEnvironment, MCPEnvironment
 from ..types import Action, Observation, State
+
 
 # %% ../../nbs/envs/echo.ipynb #b2ec28e5
 class EchoAction(Action):
@@ -29,8 +31,8 @@ class EchoObservation(Observation):
     message_length: int = Field(default=0, ge=0, description="Its length in characters")
 
 # %% ../../nbs/envs/echo.ipynb #c1ade6c6
-class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
-    "Echoes every message back; the reward is 0.1 per character."
+class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservation, State]):
+    "Echoes every message back (0.1 reward per character) as an `EchoAction` step, or through the tools `echo_message` and `echo_with_length`."
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self):
@@ -47,12 +49,14 @@ class EchoEnvironment(Environment[EchoAction, EchoObservation, State]):
 
     def step(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
         self._state.step_count += 1
+        if not isinstance(action, EchoAction): return MCPEnvironment.step(self, action, timeout_s=timeout_s, **kwargs)
         msg = action.message
         return self._apply_transform(EchoObservation(echoed_message=msg, message_length=len(msg), reward=len(msg) * 0.1,
                                                      metadata={"original_message": msg, "step": self._state.step_count}))
 
     @property
     def state(self) -> State: return self._state
+
 
 # %% ../../nbs/envs/echo.ipynb #cf45998d
 @patch
@@ -63,8 +67,11 @@ async def reset_async(self: EchoEnvironment, seed: int | None = None, episode_id
 # %% ../../nbs/envs/echo.ipynb #c75d8808
 @patch
 async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
-    "`step`, run on the event loop: it never blocks."
-    return self.step(action, timeout_s=timeout_s, **kwargs)
+    "`step`, run on the event loop: it never blocks (a tool call runs as `MCPEnvironment` runs it)."
+    if isinstance(action, EchoAction): return self.step(action, timeout_s=timeout_s, **kwargs)
+    self._state.step_count += 1
+    return await MCPEnvironment.step_async(self, action, timeout_s=timeout_s, **kwargs)
+
 
 # %% ../../nbs/envs/echo.ipynb #e5dae243
 ECHO_TASKS = {"train": ("hello", "openenv", "echo this back"), "test": ("goodbye", "one last message")}
