@@ -9,7 +9,7 @@ __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'listed', 
            'Session', 'gather_eager', 'serve_session', 'attach', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
            'add_info_routes', 'add_http_routes', 'session_create', 'session_close', 'rpc_once', 'mcp', 'mcp_socket',
            'deny', 'Guard', 'web_enabled', 'ConcurrencyError', 'server_mode', 'default_capacity', 'serve_tools',
-           'create_app', 'bind', 'LogGuard', 'server_config', 'serve', 'serve_in_thread']
+           'preflight', 'create_app', 'bind', 'LogGuard', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
@@ -616,6 +616,13 @@ def serve_tools(hub: Hub, # the hub to set up
     hub.reset_observation_cls = reset_observation_cls
 
 
+# %% ../nbs/02_server.ipynb #0c0d3b65
+def preflight(cls: type | None # the environment class a server is about to serve
+             ) -> None:
+    "Run `cls.preflight()` when the class has one: an environment that cannot keep its promises stops the server here."
+    check = getattr(cls, "preflight", None)
+    if callable(check): check()
+
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
@@ -640,6 +647,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
     "A FastAPI app serving `env` over HTTP and `/ws`."
     mode, max_concurrent_envs = server_mode(mode), default_capacity(env, max_concurrent_envs)
     cls, action_cls, observation_cls, _ = _classes(env, action_cls, observation_cls, max_concurrent_envs)
+    preflight(cls)
     hub = Hub(env, action_cls, observation_cls, state_cls or State, max_concurrent_envs, session_timeout or None, max_message_size,
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size))

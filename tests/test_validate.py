@@ -48,7 +48,7 @@ def test_echo_passes_from_the_command_line(echo_url):
     assert r.returncode == 0 and report["passed"], r.stdout
     assert [c["id"] for c in report["criteria"]] == ["openapi_version_available", "health_endpoint", "metadata_endpoint",
                                                     "schema_endpoint", "mcp_endpoint", "mode_endpoint_consistency",
-                                                    "ws_reset", "ws_step", "ws_state", "envelope_shape"]
+                                                    "ws_reset", "ws_step", "ws_state", "envelope_shape", "mcp_tools_list"]  # echo is a tool environment too
     assert (report["validation_type"], report["standard_profile"], report["mode"]) == ("running_environment", "openenv-http/1.x", "simulation")
 
 
@@ -306,8 +306,9 @@ def test_a_tool_server_that_lists_nothing_fails_over_the_wire():
     assert details == ("tool 'close': inputSchema is not an object schema: {\"type\": \"string\"}; tool 'close' takes a reserved name"), details
 
 
-def test_a_classic_server_has_no_tool_check(echo_url):
-    assert "mcp_tools_list" not in [c["id"] for c in validate_url(echo_url)["criteria"]]
+def test_a_classic_server_has_no_tool_check():
+    with serve_in_thread(create_app(broken_envs.Guess)) as url:  # echo is a tool environment now; Guess lists no tools
+        assert "mcp_tools_list" not in [c["id"] for c in validate_url(url)["criteria"]]
 
 
 def test_our_server_of_a_tool_environment_passes_the_runtime_level():
