@@ -898,7 +898,17 @@ def test_our_client_after_our_server_restarts():
 KNOWN_DIFFERENCES = {  # case -> why ours differs from upstream 0.10 on purpose; any other difference fails
     "http:health": "extension: ours adds active_sessions and max_sessions",
     "ws:reset_negative_seed": "ours validates WS reset data as HTTP /reset does (seed >= 0): VALIDATION_ERROR; upstream resets",
+    "ws:mcp_frame_without_tools": "our echo is also an MCP tool environment (echo_message, echo_with_length); upstream's plain echo has no tools: -32603",
+    "ws:mcp_over_ws": "our tools' input schemas carry their docments' parameter descriptions, and an unknown tool is -32602 (invalid params); upstream -32603",
+    "http:production_health": "extension: ours adds active_sessions, max_sessions, connections and max_connections, as on http:health",
+    "http:mcp_tools_list": "our tools' input schemas carry their docments' parameter descriptions; upstream's echo tools have none",
+    "http:mcp_unknown_tool": "ours answers an unknown tool with -32602 (invalid params, as MCP's spec does); upstream -32603 (internal error)",
+    "http:mcp_no_version": "ours echoes the request's readable `id` in its -32600 reply; upstream answers with id null",
 }
+
+# upstream's MCP echo answers reset with this frame; ours does not yet (issue 15, `test_mcp_echo_reset_says_ready`)
+MCP_READY = {"type": "observation", "data": {"observation": {"metadata": {"status": "ready"}}, "reward": 0.0, "done": False,
+                                             "metadata": {"status": "ready"}}}
 
 
 def _norm(x):
@@ -1012,6 +1022,9 @@ def test_ws_parity(ours, upstream):
     o, u = _ws_side(ours), _ws_side(upstream)
     for name in ("mcp_step_actions",):
         for side in (o, u): side[name] = ([_mcp_tool_step(r) for r in side[name][0]], side[name][1])
+    for name in ("mcp_over_ws", "mcp_step_actions"):  # their reset frame is the issue-15 gap, pinned by its own strict xfail test
+        assert u[name][0][0] == MCP_READY
+        for side in (o, u): side[name][0][0] = "<reset frame: see test_mcp_echo_reset_says_ready>"
     # the exact frames of the envelope, as upstream sends them
     assert u["step_metadata"][0][-1] == {"type": "observation", "data": {
         "observation": {"metadata": {"original_message": "hi", "step": 1}, "echoed_message": "hi", "message_length": 2},
@@ -1126,6 +1139,13 @@ def test_http_parity(ours, upstream):
     assert not unexpected, json.dumps(unexpected, indent=1, default=str)
     stale = {k for k in KNOWN_DIFFERENCES if k.startswith("http:") and k[5:] not in differ}
     assert not stale, f"no longer different from upstream (remove from KNOWN_DIFFERENCES): {sorted(stale)}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: upstream's MCP echo resets with metadata {'status': 'ready'}, "
+                                       "inside `observation` and at the top level; ours resets with empty metadata")
+def test_mcp_echo_reset_says_ready(ours):
+    replies, end = asyncio.run(_exchange(ours.url("mcp"), [RESET(episode_id="m")]))
+    assert (replies, end) == ([MCP_READY], "open")
 
 
 def _rpc_call(url, method, rid, **params):
@@ -1263,7 +1283,8 @@ async def _open_sessions(url, n):
     """Open `n` sessions at once and reset each; the replies (an error frame where one was refused)."""
     async def one():
         ws = await connect(ws_url(url), compression=None)
-        await ws.send(json.dumps(RESET()))
+        try: await ws.send(json.dumps(RESET()))
+        except ConnectionClosed: pass  # a refused session's error frame and close (1000) may come before our reset goes out
         try: return ws, json.loads(await ws.recv())
         except ConnectionClosed: return ws, {"closed": True}
     opened = await asyncio.gather(*(one() for _ in range(n)))
