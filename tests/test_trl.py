@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import need, start_server
-from openenv_nb.envs.echo import EchoEnvironment
+from openenv_nb.environment import Environment
+from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoObservation
+from openenv_nb.types import State
 from openenv_nb.trl import environment_factory, mcp_tools, tiny_causal_lm, tiny_chat_tokenizer
 
 pytestmark = pytest.mark.trl
@@ -21,6 +23,30 @@ class Lottery(EchoEnvironment):
         obs = super().reset(seed=seed, episode_id=episode_id)
         obs.reward = float(bonus) + random.random()
         return obs
+
+
+class ClassicEcho(Environment[EchoAction, EchoObservation, State]):
+    """Echo as a classic environment: its one tool is its `EchoAction` (the builtin echo also serves MCP tools, so
+    `environment_factory` offers those instead). Served as `test_trl:ClassicEcho`; 0.1 reward per character."""
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def __init__(self): super().__init__(); self._state = State()
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self._state = State(episode_id=episode_id, step_count=0)
+        return EchoObservation(echoed_message="Echo environment ready!", reward=0.0)
+    def step(self, action, timeout_s=None, **kwargs):
+        self._state.step_count += 1
+        msg = action.message
+        return EchoObservation(echoed_message=msg, message_length=len(msg), reward=len(msg) * 0.1)
+    @property
+    def state(self): return self._state
+
+
+@pytest.fixture(scope="module")
+def classic_url():
+    """Base URL of a `ClassicEcho` server for this module (room for 300 sessions)."""
+    p = start_server("test_trl:ClassicEcho", max_sessions=300)
+    yield p.base_url
+    p.stop()
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +127,9 @@ def tool_exchange(completion: list) -> tuple:
     return call["tool_calls"][0]["function"], (answer["role"], answer["name"], answer["content"]), after["content"]
 
 
-def test_a_tool_call_reaches_the_server_and_its_result_comes_back(trl_kit, tmp_path, echo_url):
+def test_a_tool_call_reaches_the_server_and_its_result_comes_back(trl_kit, tmp_path, classic_url):
     "TRL parses the tool call, calls the method, the step reaches the server, and the observation is the tool message."
-    Echo, seen = environment_factory(echo_url), []
+    Echo, seen = environment_factory(classic_url), []
     try:
         tok = tiny_chat_tokenizer()
         trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[recorder(seen)],
@@ -118,15 +144,15 @@ def test_a_tool_call_reaches_the_server_and_its_result_comes_back(trl_kit, tmp_p
         assert tool_exchange(completion) == ({"name": "echo", "arguments": {"message": "hello"}},
                                              ("tool", "echo", '{"echoed_message": "hello", "message_length": 5}'), "Done.")
         assert reward == pytest.approx(0.5)  # 0.1 per character, added up by the instance
-    log = next(h for h in trainer.state.log_history if "rewards/EchoEnvironment/mean" in h)
+    log = next(h for h in trainer.state.log_history if "rewards/ClassicEcho/mean" in h)
     assert (log["tools/call_frequency"], log["tools/failure_frequency"]) == (1.0, 0.0)
-    assert log["rewards/EchoEnvironment/mean"] == pytest.approx(0.5)
+    assert log["rewards/ClassicEcho/mean"] == pytest.approx(0.5)
 
 
-def test_async_tools_and_several_environments(trl_kit, tmp_path, echo_url):
+def test_async_tools_and_several_environments(trl_kit, tmp_path, classic_url):
     "A dict of factories (one with async tools): each row goes to its environment, and each logs its own reward."
-    envs = {"sync": environment_factory(echo_url, name="SyncEcho"),
-            "async": environment_factory(echo_url, name="AsyncEcho", async_tools=True)}
+    envs = {"sync": environment_factory(classic_url, name="SyncEcho"),
+            "async": environment_factory(classic_url, name="AsyncEcho", async_tools=True)}
     seen = []
     data = trl_kit.Dataset.from_list([{**r, "environment": name} for r, name in zip(rows(trl_kit, 2), envs)])
     try:
@@ -153,7 +179,7 @@ def test_a_tool_environment_gives_one_method_per_tool(trl_kit, tmp_path):
     server, Tools, seen = start_server("openenv_nb.mcp:MCPEchoEnvironment"), None, []
     try:
         listed = {t.name: t for t in mcp_tools(server.base_url)}
-        if not listed: pytest.skip("the server lists no tools for MCPEchoEnvironment: create_app does not serve MCP tools yet")
+        assert sorted(listed) == ["echo_message", "echo_with_length"]  # create_app serves the tools on POST /mcp
         Tools = environment_factory(server)
         env = Tools()
         assert sorted(s.name for s in Tools._specs) == ["echo_message", "echo_with_length"] == sorted(listed)
