@@ -274,7 +274,8 @@ def test_an_idle_page_is_let_go_and_frees_its_place():
                     while True: frames.append(json.loads(await asyncio.wait_for(ws.recv(), DEADLINE_S)))
                 except ConnectionClosed as e: return frames, e.rcvd.code
         frames, code = asyncio.run(go())
-        assert [f["type"] for f in frames] == ["snapshot", "pages", "error"] and code == 4000
+        kinds = [f["type"] for f in frames]  # the page gets its snapshot (again once the environment is known), the page count, then the error
+        assert kinds[0] == "snapshot" and kinds[-1] == "error" and set(kinds[1:-1]) <= {"snapshot", "pages"} and code == 4000
         assert frames[-1]["data"]["code"] == "SESSION_ERROR" and "without a message" in frames[-1]["data"]["message"]
         assert until(lambda: requests.get(url + "/health", timeout=10).json()["connections"] == 0)
 
@@ -314,7 +315,8 @@ def test_a_token_closes_every_route(locked_url, method, route):
     assert r.json()["detail"]["code"] == "UNAUTHORIZED"
     wrong = requests.request(method, locked_url + route, json=body, headers={"Authorization": "Bearer " + TOKEN[:-1]}, timeout=10)
     assert wrong.status_code == 401
-    assert requests.request(method, locked_url + route, json=body, headers={"Authorization": "Bearer " + TOKEN}, timeout=10).status_code == 200
+    ok = requests.request(method, locked_url + route, json=body, headers={"Authorization": "Bearer " + TOKEN}, timeout=10)
+    assert ok.status_code in ((200, 409) if route == "/web/state" else (200,)), (route, ok.text)  # past the door (/web/state is 409 until the page's first reset)
 
 
 def test_probes_and_the_page_need_no_token(locked_url):

@@ -94,7 +94,7 @@ def test_stateless_http_routes(wordle_url):
         r = http.post(f"{wordle_url}/step", json={"action": {"message": "[crane]"}}).json()
         assert [m["category"] for m in r["observation"]["messages"]][:2] == ["PROMPT", "PLAYER_ACTION"]
         assert http.post(f"{wordle_url}/step", json={"action": {"message": ["crane"]}}).status_code == 422
-        assert http.get(f"{wordle_url}/state").json()["env_id"] == "Wordle-v0"
+        assert http.get(f"{wordle_url}/state").json() == {"episode_id": None, "step_count": 0}  # 0.10: the base State without state_cls
 
 
 def test_refused_moves_and_bad_input_keep_the_session(wordle_url):
