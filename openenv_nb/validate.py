@@ -257,9 +257,12 @@ def app_criteria(app # the ASGI app that serves the environment
 
 # %% ../nbs/14_validate.ipynb #0d1cd8bc
 def _fetch(s: requests.Session, method: str, url: str, timeout: float, **kw) -> tuple[int | None, Any, str | None]:
-    "`(status, JSON body or None, error)` of one request."
-    try: r = s.request(method, url, timeout=timeout, **kw)
-    except requests.RequestException as e: return None, None, f"Request failed: {type(e).__name__}: {e}"
+    "`(status, JSON body or None, error)` of one request; a server at capacity is asked again for a few seconds."
+    for wait in [0.05] * 100 + [None]:  # a session that just ended frees its slot a moment after its socket closes
+        try: r = s.request(method, url, timeout=timeout, **kw)
+        except requests.RequestException as e: return None, None, f"Request failed: {type(e).__name__}: {e}"
+        if r.status_code != 503 or wait is None: break
+        time.sleep(wait)
     try: return r.status_code, r.json(), None
     except ValueError: return r.status_code, None, None
 
