@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from openenv_nb.providers import LocalProcessProvider, docker_client
+from upstream_venv import upstream_python_why
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -17,6 +18,14 @@ def need(what: str, ok: bool, reason: str):
     if what in required or "all" in required:
         pytest.fail(f"{reason} (required here: OPENENV_REQUIRE={os.environ['OPENENV_REQUIRE']})")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def upstream_py() -> str:
+    """The python of the venv with openenv 0.10.0, for the tests that run upstream's clients and servers."""
+    py, why = upstream_python_why()
+    need("upstream", py is not None, why)
+    return py
 
 
 def start_server(target: str, *args: str, max_sessions: int = 64) -> LocalProcessProvider:

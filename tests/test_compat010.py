@@ -41,7 +41,6 @@ from openenv_nb.mcp_client import MCPToolClient
 from openenv_nb.providers import LocalProcessProvider
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import Action, EnvConnectionError, EnvServerError, Observation, State, StepResult
-from upstream_venv import upstream_python_why
 
 pytestmark = pytest.mark.upstream
 
@@ -159,14 +158,6 @@ def ours(echo_url):
         yield servers
 
 
-@pytest.fixture(scope="module")
-def up_py():
-    """The python of the venv with openenv 0.10.0."""
-    py, why = upstream_python_why()
-    need("upstream", py is not None, why)
-    return py
-
-
 class UpstreamServer:
     """`bench/upstream_echo_server.py` in a subprocess of the upstream venv (its own process group); `urls` by app."""
     def __init__(self, py, apps, port=0, log=None, env=None):
@@ -205,9 +196,9 @@ def healthy(url):
 
 
 @pytest.fixture(scope="module")
-def upstream(up_py, tmp_path_factory):
+def upstream(upstream_py, tmp_path_factory):
     """Upstream's servers, one process, one port per app (see `bench/upstream_echo_server.py`)."""
-    server = UpstreamServer(up_py, UPSTREAM_APPS, log=tmp_path_factory.mktemp("upstream") / "server.log",
+    server = UpstreamServer(upstream_py, UPSTREAM_APPS, log=tmp_path_factory.mktemp("upstream") / "server.log",
                             env={"MAX_CONCURRENT_ENVS": "64"})  # the parity cases open many sessions at once
     server.start()
     try: yield server.urls
@@ -309,25 +300,9 @@ class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
         return State(**payload)
 
 
-# A typed client for an environment with a State subclass and a reset observation of its own.
-class ProbeAction(Action):
-    message: str
-
-
-class ProbeObservation(Observation):
-    echoed_message: str = ""
-    message_length: int = 0
-
-
-class ProbeReady(Observation):
-    ready: bool = True
-    task_name: Optional[str] = None
-
-
-class ProbeState(State):
-    counter: int = 0
-    history: List[str] = Field(default_factory=list)
-    reset_kwargs: Dict[str, Any] = Field(default_factory=dict)
+# A typed client for an environment with a State subclass and a reset observation of its own; its models are the
+# ones upstream's probe server uses (`bench/upstream_echo_server.py`, put on the path by the test).
+from upstream_echo_server import ProbeAction, ProbeObservation, ProbeReady, ProbeState
 
 
 class ProbeEnv(EnvClient[ProbeAction, ProbeObservation, ProbeState]):
@@ -544,7 +519,7 @@ SCENARIO_NEEDS = {"generic_plain_sync": ["echo"], "typed_async": ["echo"], "type
 
 
 @pytest.fixture(scope="module")
-def upstream_runs(up_py, ours, upstream, tmp_path_factory):
+def upstream_runs(upstream_py, ours, upstream, tmp_path_factory):
     """What upstream's clients saw: `{"ours": {scenario: ...}, "upstream": {...}, "interactive": {...}}`.
 
     The interactive scenarios lose their connection mid-episode: `drop_ours` and `drop_upstream` through a proxy that
@@ -559,8 +534,9 @@ def upstream_runs(up_py, ours, upstream, tmp_path_factory):
     plan = {"sides": {"ours": dict(ours), "upstream": upstream}, "scenarios": SCENARIO_NEEDS, "interactive": interactive}
     events = {}
     with open(d / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen([up_py, str(d / "client.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                text=True, env={**os.environ, **NO_PROXY_ENV}, start_new_session=True)
+        proc = subprocess.Popen([upstream_py, str(d / "client.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                text=True, env={**os.environ, **NO_PROXY_ENV, "PYTHONPATH": str(UPSTREAM_SERVER.parent)},
+                                start_new_session=True)
     killer = threading.Timer(300, lambda: os.killpg(proc.pid, signal.SIGKILL))
     killer.start()
     try:
@@ -860,8 +836,8 @@ def test_our_client_after_dropped_socket(side, ours, request):
     finally: proxy.close()
 
 
-def test_our_client_after_upstream_server_restarts(up_py, tmp_path):
-    server = UpstreamServer(up_py, ("echo",), log=tmp_path / "restart.log").start()
+def test_our_client_after_upstream_server_restarts(upstream_py, tmp_path):
+    server = UpstreamServer(upstream_py, ("echo",), log=tmp_path / "restart.log").start()
     try:
         with EchoEnv(server.urls["echo"]).sync() as env:
             env.reset(episode_id="before")

@@ -21,7 +21,6 @@ from openenv_nb import actions
 from openenv_nb.mcp import PROTOCOL_VERSIONS, CallToolAction, ListToolsAction, MCPEchoEnvironment, rpc, tool
 from openenv_nb.mcp_client import MCPError, MCPToolClient
 from openenv_nb.server import bind, create_app, serve_in_thread
-from upstream_venv import upstream_python_why
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
@@ -60,13 +59,6 @@ def mcp_app(env) -> FastAPI:
 @pytest.fixture(scope="module")
 def mcp_url():
     with serve_in_thread(mcp_app(Tools())) as base: yield base + "/mcp"
-
-
-@pytest.fixture(scope="module")
-def upstream_py():
-    py, why = upstream_python_why()
-    need("upstream", py is not None, why)
-    return py
 
 
 def run_py(python: str, code: str, timeout: float = 240, **env) -> dict:

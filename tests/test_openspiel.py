@@ -13,7 +13,7 @@ from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
 from openenv_nb.validate import validate, validate_url
 from openenv_nb.vector import VectorEnv
-from upstream_venv import run_upstream, upstream_python_why
+from upstream_venv import run_upstream
 
 try:
     import pyspiel
@@ -234,13 +234,6 @@ def test_from_local_serves_openspiel_targets_in_a_subprocess():
 # OpenEnv 0.10's clients, in their own venv. Its wheel does not ship the `openspiel_env` client, so the venv runs
 # `upstream_venv.UPSTREAM_CLIENT`: openenv's `GenericEnvClient`, and a typed `EnvClient` written as openenv's
 # `OpenSpielEnv` is, both reading every reply strictly into models with that environment's fields.
-
-@pytest.fixture(scope="module")
-def upstream_py():
-    py, why = upstream_python_why()
-    need("upstream", py is not None, why)
-    return py
-
 
 @pytest.mark.upstream
 def test_openenv_clients_play_against_our_server(served, upstream_py):

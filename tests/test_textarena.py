@@ -20,7 +20,6 @@ import requests
 from websockets.sync.client import connect
 
 from conftest import need
-from upstream_venv import upstream_python_why
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
 from openenv_nb.vector import VectorEnv
@@ -356,13 +355,6 @@ def run_upstream(python: str, plan: dict, timeout: float = 180):
                        timeout=timeout, env={**os.environ, **NO_PROXY})
     assert r.returncode == 0, f"the upstream client failed:\n{r.stderr[-4000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def upstream_py():
-    py, why = upstream_python_why()
-    need("upstream", py is not None, why)
-    return py
 
 
 @pytest.mark.upstream
