@@ -377,7 +377,7 @@ def parse_reply(payload: dict, # a reset or step reply
     md, obs = reply_metadata(payload), payload.get("observation") or {}
     if md and obs_cls is None: obs = {**obs, "metadata": md}
     r = from_envelope({**payload, "observation": obs, "metadata": md}, obs_cls)
-    r.metadata = md or None  # as openenv 0.10's `StepResult.metadata`
+    r.metadata = md or None
     return r
 
 # %% ../nbs/03_client.ipynb #303008b2

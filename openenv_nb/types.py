@@ -95,6 +95,7 @@ class StepResult(Generic[ObsT]):
     observation: ObsT
     reward: float | None = None
     done: bool = False
+    metadata: dict | None = None  # the observation's metadata, as openenv 0.10's `StepResult` carries it
 
 # %% ../nbs/00_types.ipynb #7007cca5
 def from_envelope(env: dict, # an envelope as received
