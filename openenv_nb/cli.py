@@ -57,7 +57,7 @@ def _app_and_port(a: Namespace) -> tuple:
 
 # %% ../nbs/07_cli.ipynb #40a33389
 def cmd_serve(a: Namespace) -> int:
-    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), or module:attribute."
+    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), a name `openenv list` shows (wordle), or module:attribute."
     die_with_parent()
     app, port = _app_and_port(a)
     serve(app, host=a.host, port=port, log_level=a.log_level)
@@ -105,11 +105,20 @@ def _note(line: str):
     "Tell the person at the terminal `line`, on stderr, where it stays out of a `--json` report."
     print(f"openenv: {line}", file=sys.stderr, flush=True)
 
+# %% ../nbs/07_cli.ipynb #720ca7e1
+def _headers(pairs: list[str] | None # `NAME: VALUE` strings, as curl's `-H` takes them
+            ) -> dict:
+    "The headers `--header` gave, as a dict."
+    bad = [p for p in pairs or [] if ":" not in p or not p.split(":", 1)[0].strip()]
+    if bad: raise CommandError(f"--header takes 'NAME: VALUE', got {', '.join(map(repr, bad))}")
+    return {k.strip(): v.strip() for k, v in (p.split(":", 1) for p in pairs or [])}
+
 # %% ../nbs/07_cli.ipynb #41642698
 def cmd_validate(a: Namespace) -> int:
     "Check a project folder, an environment or a running server (--url), at the level asked for."
-    url = _server_url(a)
-    try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note)
+    url, heads, token = _server_url(a), _headers(getattr(a, "header", None)), getattr(a, "token", None)
+    if (heads or token is not None) and not url: raise CommandError("--header and --token go to a running server: give its URL")
+    try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note, headers=heads, token=token)
     except ValueError as e: raise CommandError(str(e)) from None
     print(json.dumps(report, indent=2) if a.json else format_report(report))
     return 0 if report["passed"] else 1
@@ -202,9 +211,10 @@ def _serve_parser(sub):
     s = _sub(sub, "serve", cmd_serve, "serve an environment",
              "examples:\n  openenv serve echo --port 0       a free port, printed\n  openenv serve ./my_env --web      with the web page at /web\n"
              "  openenv serve gym:CartPole-v1     any Gymnasium environment (pip install \"openenv-nb[gym]\")\n"
+             "  openenv serve wordle              a name that `openenv list` shows\n"
              "  openenv serve my_pkg.env:MyEnvironment")
     s.add_argument("target", help="a project folder (with openenv.yaml), a built-in (echo, coding), a family's (gym:ID, openspiel:GAME, "
-                                   "textarena:ID, chess), or module:attribute "
+                                   "textarena:ID, chess), a name that `openenv list` shows (wordle), or module:attribute "
                                    "(an Environment class, a factory, or an app)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it (default: the project's, else 8000)")
@@ -235,17 +245,25 @@ def _init_parser(sub):
 
 # %% ../nbs/07_cli.ipynb #ff7edd9c
 def _validate_parser(sub):
-    "`openenv validate [PATH] [--url URL] [--level L] [--json] [--timeout S]`."
+    "`openenv validate [PATH] [--url URL] [--level L] [--json] [--timeout S] [--header H] [--token T]`."
     v = _sub(sub, "validate", cmd_validate, "check a project, or a running server",
              "examples:\n  openenv validate                                  the project in this folder\n"
-             "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo --level semantic            play episodes and check they mean something\n\nexit status: 0 when every required check passes, 1 otherwise")
+             "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo --level semantic            play episodes and check they mean something\n"
+             "  openenv validate wordle                           an environment by the name `openenv list` shows\n"
+             "  openenv validate https://org-env.hf.space --header \"Authorization: Bearer $HF_TOKEN\"   a private Space\n\n"
+             "exit status: 0 when every required check passes, 1 otherwise")
     v.add_argument("path", nargs="?", default=None, metavar="PATH",
-                   help="a project folder (default: the current one), an environment (echo, gym:CartPole-v1, module:attribute), or a server's URL")
+                   help="a project folder (default: the current one), an environment (echo, gym:CartPole-v1, module:attribute, "
+                        "a name `openenv list` shows), or a server's URL")
     v.add_argument("--url", help="a running server's base URL: check it against the protocol, with a real episode")
     v.add_argument("--json", action="store_true", help="print the report as JSON (OpenEnv's report layout)")
     v.add_argument("--level", choices=LEVELS, default=None, help="static (no server), runtime (the protocol) or semantic "
                    "(episodes played for meaning); default: runtime for a URL, static otherwise")
     v.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds for each request (default: %(default)s)")
+    v.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="a header for every request to the server, e.g. a "
+                   "private Space's 'Authorization: Bearer HF_TOKEN'; repeat for more")
+    v.add_argument("--token", help="the server's own token (its OPENENV_TOKEN; default: $OPENENV_TOKEN), sent as Authorization, "
+                   "or as X-OpenEnv-Token when --header gives an Authorization")
 
 # %% ../nbs/07_cli.ipynb #c34a0bf4
 def _build_parser(sub):

@@ -10,15 +10,17 @@ __all__ = ['TaskProvider', 'jsonable', 'split_entry', 'ListTasksRequest', 'NumTa
 
 # %% ../nbs/02a_tasks.ipynb #15ae03f2
 import asyncio
+import contextlib
 import inspect
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
 from fastapi import FastAPI, HTTPException
 from fastcore.basics import patch_to
 from pydantic import BaseModel, ConfigDict, Field
 
-from .actions import Hub, factory_error, http_reply, raised
+from .actions import Hub, at_capacity, factory_error, http_reply, raised
+from .environment import Environment
 
 # %% ../nbs/02a_tasks.ipynb #b7eccbd8
 @runtime_checkable
@@ -108,20 +110,33 @@ async def run(self, fn, # a task method of an environment
     out = await asyncio.get_running_loop().run_in_executor(self.hub.pool, partial(fn, *args))
     return await out if inspect.isawaitable(out) else out
 
+# %% ../nbs/02a_tasks.ipynb #410435a7
+@patch_to(TaskRoutes)
+@contextlib.asynccontextmanager
+async def fresh(self) -> AsyncIterator[Environment]:
+    "A new environment, holding one of the server's slots until it is closed; the capacity error when none is free."
+    hub = self.hub
+    if hub.active >= hub.max_sessions: raise http_error(at_capacity(hub))
+    hub.active += 1
+    try:
+        try: env = await hub.make_env()
+        except Exception as e: raise http_error(factory_error(hub, e)) from e
+        try: yield env
+        finally: await hub.close_env(env)
+    finally: hub.active -= 1
+
 # %% ../nbs/02a_tasks.ipynb #191f2eb9
 @patch_to(TaskRoutes)
 async def call(self, name: str, # a `TaskProvider` method
                *args):
-    "`name(*args)` on a fresh environment, closed afterwards; what goes wrong is raised as `task_error`'s answer."
+    "`name(*args)` on a fresh environment (see `fresh`); what goes wrong is raised as `task_error`'s answer."
     f = self.hub.factory
     if isinstance(f, type) and not callable(getattr(f, name, None)): raise task_error(name, NotImplementedError(name))
-    try: env = await self.hub.make_env()
-    except Exception as e: raise http_error(factory_error(self.hub, e)) from e
-    try:
-        if not callable(fn := getattr(env, name, None)): raise NotImplementedError(name)
-        return await self.run(fn, *args)
-    except Exception as e: raise task_error(name, e) from e
-    finally: await self.hub.close_env(env)
+    async with self.fresh() as env:
+        try:
+            if not callable(fn := getattr(env, name, None)): raise NotImplementedError(name)
+            return await self.run(fn, *args)
+        except Exception as e: raise task_error(name, e) from e
 
 # %% ../nbs/02a_tasks.ipynb #9f25a3bb
 @patch_to(TaskRoutes)

@@ -156,8 +156,9 @@ def target_of(source: str | type # a target, an `EnvClient` class, or an `Enviro
 class Endpoint:
     "Where the instances of one factory connect: a URL, or the server(s) of a target, provider or pool, started once."
     def __init__(self, source, # a URL, a target, a class, a provider or a `ServerPool`
-                 max_sessions: int = 256): # sessions a server this endpoint starts will hold
-        self.source, self.max_sessions, self.owned, self._next = source, max_sessions, None, None
+                 max_sessions: int = 256, # sessions a server this endpoint starts will hold
+                 token: str | None = None): # the token a server this endpoint starts asks for (its `OPENENV_TOKEN`)
+        self.source, self.max_sessions, self.token, self.owned, self._next = source, max_sessions, token, None, None
     def __repr__(self): return f"Endpoint({self.source!r})"
 
 # %% ../nbs/17_trl.ipynb #30cdab9e
@@ -167,7 +168,8 @@ def _open(self: Endpoint) -> Callable[[], str]:
     s = self.source
     if isinstance(s, str) and "://" in s: return lambda: s
     if isinstance(s, (str, type)):
-        self.owned = s = LocalProcessProvider(target_of(s), max_sessions=self.max_sessions)
+        env = None if self.token is None else {"OPENENV_TOKEN": self.token}
+        self.owned = s = LocalProcessProvider(target_of(s), max_sessions=self.max_sessions, env_vars=env)
     if hasattr(s, "next_url"):  # a pool
         if not s.started: s.start(); self.owned = s
         return s.next_url
@@ -193,10 +195,12 @@ def stop(self: Endpoint):
 
 # %% ../nbs/17_trl.ipynb #d0eac0e8
 def mcp_tools(url: str, # the server's base URL
-              timeout_s: float = 30.0 # limit on the request
+              timeout_s: float = 30.0, # limit on the request
+              headers: dict | None = None, # more headers for the request
+              token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
              ) -> list:
     "The tools the server at `url` lists on `/mcp` (`Tool`s); `[]` for a classic environment."
-    http = HTTPEnvClient(url, timeout_s=timeout_s)
+    http = HTTPEnvClient(url, timeout_s=timeout_s, headers=headers, token=token)
     try: r = http.session.post(http.base_url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}, timeout=timeout_s)
     finally: http.close()
     try: tools = r.json().get("result", {}).get("tools", []) if r.ok else []
@@ -205,10 +209,12 @@ def mcp_tools(url: str, # the server's base URL
 
 # %% ../nbs/17_trl.ipynb #4df6bc06
 def action_tool(url: str, # the server's base URL
-                name: str | None = None # the tool's name; default: the action class's, less `Action`, in snake case
+                name: str | None = None, # the tool's name; default: the action class's, less `Action`, in snake case
+                headers: dict | None = None, # more headers for the request
+                token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
                ) -> ToolSpec:
     "The one tool of a classic environment: its action's fields as arguments, its action as what a call sends."
-    with HTTPEnvClient(url) as http: schema = dict(http.schema()["action"])
+    with HTTPEnvClient(url, headers=headers, token=token) as http: schema = dict(http.schema()["action"])
     schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
     title = re.sub(r"Action$", "", schema.get("title") or "") or "act"
     name = name or re.sub(r"(?<!^)(?=[A-Z])", "_", title).lower()
@@ -228,11 +234,13 @@ def call_tool_spec(tool # a `Tool` (or anything with `name`, `description` and `
 
 # %% ../nbs/17_trl.ipynb #cac1a86b
 def tool_specs(url: str, # the server's base URL
-               tool_name: str | None = None # the classic tool's name (see `action_tool`)
+               tool_name: str | None = None, # the classic tool's name (see `action_tool`)
+               headers: dict | None = None, # more headers for the requests
+               token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
               ) -> list[ToolSpec]:
     "The tools of the environment served at `url`: one per tool of a tool environment, else its action as one tool."
-    tools = mcp_tools(url)
-    return [call_tool_spec(t) for t in tools] if tools else [action_tool(url, tool_name)]
+    tools = mcp_tools(url, headers=headers, token=token)
+    return [call_tool_spec(t) for t in tools] if tools else [action_tool(url, tool_name, headers, token)]
 
 # %% ../nbs/17_trl.ipynb #39064aba
 def as_text(value) -> str:
@@ -283,6 +291,7 @@ class ToolEnv:
     _render = staticmethod(render_observation)  # observation -> text
     _reward = staticmethod(sum)  # rewards -> the episode's reward
     _exclude: frozenset = frozenset({"prompt"})  # dataset columns that are not reset arguments
+    _auth: dict = {}  # `headers=` and `token=` of the clients (see `environment_factory`)
     _instances: weakref.WeakSet = weakref.WeakSet()  # the live instances (each made class has its own)
     separator = "\n\n"  # put between the prompt and the first observation, which TRL appends to it
     over_text = "The episode is over: no more tool calls are taken."  # what a tool call gets after the episode ended
@@ -295,7 +304,7 @@ class ToolEnv:
 @patch
 def reset(self: ToolEnv, **kwargs) -> str:
     "Start an episode with the dataset row's columns as reset arguments; the first observation, as text."
-    if self.client is None: self.client = GenericEnvClient(self._endpoint.url()).sync()
+    if self.client is None: self.client = GenericEnvClient(self._endpoint.url(), **self._auth).sync()
     r = self.client.reset(**{k: v for k, v in kwargs.items() if k not in self._exclude})
     self.rewards, self.done, self.observation = [] if r.reward is None else [r.reward], r.done, r.observation
     self.resets += 1
@@ -344,14 +353,16 @@ def environment_factory(source, # a target (`"echo"`), a class, a server's URL, 
                         exclude: tuple = ("prompt",), # dataset columns not passed to `reset`
                         async_tools: bool = False, # make the tool methods `async def`
                         max_sessions: int = 256, # sessions of a server started here (one per rollout in a batch)
+                        headers: dict | None = None, # more headers for every request and session, e.g. a private Space's `Authorization`
+                        token: str | None = None, # the server's token (`None` reads `OPENENV_TOKEN`); a server started here asks for it
                        ) -> type[ToolEnv]:
     "A class to give TRL's `GRPOTrainer(environment_factory=...)`: each instance is one rollout's session with the environment."
-    endpoint = Endpoint(source, max_sessions)
+    endpoint, auth = Endpoint(source, max_sessions, token), dict(headers=headers, token=token)
     url = endpoint.url()
-    specs = tool_specs(url, tool_name)
-    with HTTPEnvClient(url) as http: meta = http.metadata()
+    specs = tool_specs(url, tool_name, **auth)
+    with HTTPEnvClient(url, **auth) as http: meta = http.metadata()
     attrs = {s.name: tool_method(s, async_tools) for s in specs}
-    attrs.update(_endpoint=endpoint, _specs=specs, _render=staticmethod(render or render_observation),
+    attrs.update(_endpoint=endpoint, _specs=specs, _render=staticmethod(render or render_observation), _auth=auth,
                  _reward=staticmethod(reward_fn(reward)), _exclude=frozenset(exclude), _instances=weakref.WeakSet(),
                  __doc__=meta.get("description") or ToolEnv.__doc__)
     return type(class_name(name or meta.get("name") or "Env"), (ToolEnv,), attrs)

@@ -32,13 +32,13 @@ from fastcore.basics import patch_to, store_attr
 from pydantic import BaseModel
 from websockets.sync.client import connect
 
-from .client import http_url, is_loopback, run_sync, ws_url
+from .client import auth_headers, http_url, is_loopback, run_sync, ws_url
 from .environment import overrides
 from .images import check_dockerfile
 from .manifest import MANIFEST, REF_RE, ManifestError, Manifest, isolated_imports, load_manifest, manifest_path
 from .mcp import RESERVED_TOOL_NAMES, CallToolAction, ListToolsAction, MCPEnvironment, rpc
 from .server import serve_in_thread
-from .targets import BUILTINS, app_for, family, resolve
+from .targets import BUILTINS, app_for, family, named, resolve
 from .types import Action, Observation
 
 # %% ../nbs/14_validate.ipynb #f64fdea5
@@ -444,10 +444,11 @@ def _ws_state(ws, timeout: float, stepped: bool) -> dict:
 def ws_criteria(base: str, # the server's base URL
                 schema: dict | None, # what `/schema` answered, if it did
                 timeout: float, # seconds for opening the connection and for each answer
+                headers: dict | None = None, # sent with the handshake (a token, say)
                ) -> tuple[list[dict], list[tuple[str, Any]]]:
     "The episode's criteria (`ws_reset`, `ws_step`, `ws_state`) and the envelopes received, by where they came from."
     envelopes = []
-    try: ws = connect(ws_url(base), open_timeout=timeout, close_timeout=1, max_size=None, compression=None,
+    try: ws = connect(ws_url(base), open_timeout=timeout, close_timeout=1, max_size=None, compression=None, additional_headers=headers,
                       proxy=None if is_loopback(base) else True)
     except Exception as e:
         why = f"Could not open {ws_url(base)}: {type(e).__name__}: {e}"
@@ -537,12 +538,14 @@ def tool_criteria(s: requests.Session, # the session to ask with
 def runtime_criteria(base: str, # the server's base URL
                      timeout: float = 5.0, # seconds for each request and each WebSocket answer
                      tools: bool | None = None, # whether it serves a tool environment; `None`: as its answers tell
+                     headers: dict | None = None, # sent with every request and handshake (see `auth_headers`)
                     ) -> tuple[list[dict], dict]:
     "The runtime checks of the server at `base` (OpenEnv's six, a WebSocket episode, the envelopes, its tools), and what was learnt."
     with requests.Session() as s:
         s.trust_env = not is_loopback(base)
+        s.headers.update(headers or {})
         criteria, seen = http_criteria(s, base, timeout)
-        ws, envelopes = ws_criteria(base, seen.get("schema"), timeout)
+        ws, envelopes = ws_criteria(base, seen.get("schema"), timeout, headers)
         if seen["mode"] == "simulation":
             st, b, err = _fetch(s, "POST", f"{base}/reset", timeout, json={})
             envelopes.append(("http reset", b if st == 200 else {"status": st, "error": err}))
@@ -554,13 +557,16 @@ def validate_url(url: str, # the server's base URL; `http://` is assumed when no
                  timeout: float = 5.0, # seconds for each request and each WebSocket answer
                  level: str = "runtime", # `"runtime"`, or `"semantic"` to play episodes for meaning too
                  env: Callable | None = None, # the environment class or factory served there, if known: it declares what `semantic` checks
+                 headers: dict | None = None, # sent with every request and handshake, e.g. a private Space's `Authorization`
+                 token: str | None = None, # the server's own token (`OPENENV_TOKEN`), sent as the clients send it; `None` reads `OPENENV_TOKEN`
                  **declared, # `reward_range=`, `max_return=`: what the server's environment declares, when `env` is not given
                 ) -> dict:
     "The report on the server at `url`: the runtime checks (those of its tools for a tool environment), and at level `semantic` the semantic ones."
     if level not in LEVELS[1:]: raise ValueError(f"a server is checked at level runtime or semantic, not {level!r}: static checks read a project or an environment's code")
     base = http_url(url if "://" in url else f"http://{url}").rstrip("/")
-    criteria, seen = runtime_criteria(base, timeout, True if is_tool_env(env) else None)
-    if level == "semantic": criteria += semantic_criteria(base, seen.get("schema"), declarations(env, **declared), timeout)
+    heads = auth_headers(headers, token)
+    criteria, seen = runtime_criteria(base, timeout, True if is_tool_env(env) else None, heads)
+    if level == "semantic": criteria += semantic_criteria(base, seen.get("schema"), declarations(env, **declared), timeout, headers=heads)
     v = seen["version"]
     return _report(criteria, target=base, validation_type="running_environment", level=level, standard_version=v,
                    standard_profile="openenv-http/1.x" if v.startswith("1.") else "openenv-http/unknown", mode=seen["mode"])
@@ -656,6 +662,7 @@ class Player:
                  schema: dict, # the action's JSON schema
                  timeout: float = 5.0, # seconds for each answer
                  steps: int = 64, # the most steps of one episode
+                 headers: dict | None = None, # sent with each handshake
                 ):
         store_attr()
         self.episodes = []
@@ -664,7 +671,7 @@ class Player:
 @patch_to(Player)
 def connect(self):
     "A new connection to the server's `/ws`."
-    return connect(ws_url(self.base), open_timeout=self.timeout, close_timeout=1, max_size=None, compression=None,
+    return connect(ws_url(self.base), open_timeout=self.timeout, close_timeout=1, max_size=None, compression=None, additional_headers=self.headers,
                    proxy=None if is_loopback(self.base) else True)
 
 # %% ../nbs/14_validate.ipynb #77fc5267
@@ -893,10 +900,11 @@ def semantic_criteria(base: str, # the server's base URL
                       timeout: float = 5.0, # seconds for each answer
                       seeds: tuple[int, ...] = (1, 2, 3), # the seeds the players play
                       steps: int = 64, # the most steps of one episode
+                      headers: dict | None = None, # sent with each handshake
                      ) -> list[dict]:
     "The six semantic checks of the server at `base`, in the order of `SEMANTIC`."
     if not isinstance((schema or {}).get("action"), dict): return [criterion(k, d, False, details="not played: /schema gave no action schema") for k, d in SEMANTIC.items()]
-    p, (says, why) = Player(base, schema["action"], timeout, steps), _says(declared, seeds)
+    p, (says, why) = Player(base, schema["action"], timeout, steps, headers), _says(declared, seeds)
     out = {"episode_determinism": _determinism(p, seeds[0])}
     floor = _floor_play(p, seeds) if declared["max_return"] is not None or any(a for _, a in says.values()) else []
     out |= {"floor_gap": _floor_gap(floor, declared), "oracle_max": _oracle(p, declared, says, why), "no_solution_leakage": _leakage(floor, declared, says, why)}
@@ -1018,18 +1026,20 @@ def validate_env(env: Any, # a built-in's name, a family's `prefix:name`, `modul
 
 # %% ../nbs/14_validate.ipynb #c9217d39
 def _names_env(t: str) -> bool:
-    "Whether `t` names an environment (a built-in, a family's, `module:attribute`) rather than a project folder."
+    "Whether `t` names an environment (a built-in, a family's, `module:attribute`, a name `openenv list` shows) rather than a project folder."
     if manifest_path(t).is_file() or Path(t).is_dir(): return False
-    return t in BUILTINS or family(t) is not None or REF_RE.match(t) is not None
+    return t in BUILTINS or family(t) is not None or REF_RE.match(t) is not None or named(t) is not None
 
 # %% ../nbs/14_validate.ipynb #6593241d
 def validate(target: Any = ".", # a server's URL, a project folder, or an environment (see `validate_env`)
              level: str | None = None, # `"static"`, `"runtime"` or `"semantic"`; by default `runtime` for a URL, else `static`
              timeout: float = 5.0, # seconds for each request and each answer
              log: Callable[[str], Any] | None = None, # told before a project's code is imported
+             headers: dict | None = None, # with a server's URL: sent with every request and handshake
+             token: str | None = None, # with a server's URL: its own token; `None` reads `OPENENV_TOKEN`
             ) -> dict:
     "The report on `target` at `level`: every check of that level and of the levels below it."
     if level is not None and level not in LEVELS: raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-    if isinstance(target, str) and target.startswith(("http://", "https://", "ws://", "wss://")): return validate_url(target, timeout, level or "runtime")
+    if isinstance(target, str) and target.startswith(("http://", "https://", "ws://", "wss://")): return validate_url(target, timeout, level or "runtime", headers=headers, token=token)
     if not isinstance(target, (str, Path)) or _names_env(str(target)): return validate_env(target, level or "static", timeout)
     return validate_project(target, log, level or "static", timeout)

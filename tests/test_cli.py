@@ -1,6 +1,7 @@
 """The `openenv` command driven as a user drives it, in a temporary folder: init -> serve -> validate -> validate --url
 -> push --dry-run (and build, under the docker flag), then every bad input on the way."""
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -27,10 +28,10 @@ def openenv(*args, cwd=None, timeout=120, env=None):
 
 
 @contextlib.contextmanager
-def serving(*args, cwd=None, timeout=30):
+def serving(*args, cwd=None, timeout=30, env=None):
     """`openenv serve ARGS` in the background; yields its URL once `/health` answers, stops it after."""
     p = subprocess.Popen([*OPENENV, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         stdin=subprocess.DEVNULL, process_group=0)
+                         stdin=subprocess.DEVNULL, process_group=0, env=env)
     try:
         deadline, url, seen = time.monotonic() + timeout, None, ""
         while url is None:
@@ -144,13 +145,33 @@ def test_serve_explains_bad_targets(tmp_path):
         assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (target, r.stderr)
 
 
+def test_serve_and_validate_take_the_names_that_list_shows(tmp_path):
+    """An installed package's entry point and a short name are targets, as `AutoEnv.from_name` takes them."""
+    dist = tmp_path / "site" / "maze_envs-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: maze-envs\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[openenv_nb.envs]\nmaze = openenv_nb.envs.echo:EchoEnvironment\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(dist.parent), os.environ.get("PYTHONPATH")]))}
+    assert "maze" in [e["name"] for e in json.loads(openenv("list", "--json", env=env).stdout)]
+    with serving("maze", "--port", "0", cwd=tmp_path, env=env) as url:
+        assert json.load(urllib.request.urlopen(f"{url}/schema"))["action"]["title"] == "EchoAction"
+    r = openenv("validate", "maze", "--json", cwd=tmp_path, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["environment"] == "maze", r.stdout + r.stderr
+    r = openenv("serve", "maze", "--port", "0", cwd=tmp_path)  # not installed in this environment: named nowhere
+    assert r.returncode == 1 and "not a name that `openenv list` shows" in r.stderr, r.stderr
+    if importlib.util.find_spec("gymnasium"):
+        with serving("cartpole", "--port", "0", cwd=tmp_path) as url:
+            assert json.load(urllib.request.urlopen(f"{url}/metadata"))["name"] == "gym:CartPole-v1", url
+    else:
+        assert 'pip install "openenv-nb[gym]"' in openenv("serve", "cartpole", "--port", "0").stderr
+
 def test_a_builtin_name_that_is_also_a_project_here_is_refused(tmp_path):
     """`echo` with an ./echo project: neither is the obvious meaning, so both are named, and how to say each."""
     (tmp_path / "echo").mkdir(); (tmp_path / "echo" / "openenv.yaml").write_text("name: my_echo\napp: nowhere.mod:Env\n")
     r = openenv("serve", "echo", "--port", "0", cwd=tmp_path, timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "'echo' names both the built-in environment and the project here (echo/openenv.yaml)" in r.stderr, r.stderr
-    assert "say ./echo for the project, or openenv_nb.envs.echo:EchoEnvironment for the built-in" in r.stderr
+    assert "say ./echo for the project, or openenv_nb.envs.echo:EchoEnvironment for the environment" in r.stderr
     r = openenv("serve", "./echo", "--port", "0", cwd=tmp_path, timeout=60)  # the project, named as the message says
     assert r.returncode == 1 and "Cannot import 'nowhere.mod'" in r.stderr, r.stderr
 

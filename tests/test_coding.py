@@ -346,6 +346,46 @@ def test_http_routes_are_stateless_and_take_a_timeout(url):
     assert s["episode_id"] and s["step_count"] == 0 and "last_exit_code" not in s  # 0.10: the base `State` fields, as no state_cls is declared
 
 
+# ---------------------------------------------------------------- a task's rubric
+
+ADD = "def add(a, b): return a - b\nprint(add(2, 2))"  # wrong for one test of two, and prints 0, not 4
+TASK = {"tests": ["assert add(2, 3) == 5", "assert add(0, 0) == 0"], "expected_stdout": "4"}
+SCORES = {"total": pytest.approx((1 + 0.5 + 0) / 3), "no_exception": 1.0, "tests_passed": 0.5, "output_matches": 0.0}
+
+
+def test_a_task_is_scored_by_its_rubric_over_ws(url):
+    """A task given to `reset` scores every step; the server reports each component in `metadata["rubric"]`."""
+    async def play():
+        async with connect(ws_url(url), additional_headers={"x-openenv-extensions": "metadata"}) as ws:
+            out = []
+            for f in [{"type": "reset", "data": TASK}, {"type": "step", "data": {"code": ADD}},
+                      {"type": "step", "data": {"code": "def add(a, b): return a + b\nprint(4)"}}, {"type": "reset", "data": {}},
+                      {"type": "step", "data": {"code": "print(1)"}}]:
+                await ws.send(json.dumps(f))
+                out.append(json.loads(await ws.recv()))
+            return out
+    _, wrong, right, _, plain = [f["data"] for f in asyncio.run(play())]
+    assert wrong["metadata"]["tests"] == {"passed": 1, "total": 2} and wrong["metadata"]["rubric"] == SCORES, wrong
+    assert wrong["reward"] == pytest.approx(0.1 + 0.5)
+    assert right["metadata"]["rubric"] == {"total": 1.0, "no_exception": 1.0, "tests_passed": 1.0, "output_matches": 1.0}
+    assert right["reward"] == pytest.approx(1.1)
+    assert "rubric" not in plain["metadata"] and plain["reward"] == pytest.approx(0.1)  # no task: OpenEnv's reward alone
+    assert "assert" not in json.dumps([wrong, right])  # the tests never reach the agent
+
+
+def test_a_task_in_the_action_is_scored_over_http(url):
+    """An HTTP step is an episode of its own, so its task comes in the action's metadata; typed and raw clients see the components."""
+    with CodingHTTPEnv(url) as http:
+        r = http.step(CodeAction(code=ADD, metadata=TASK))
+    assert r.metadata["rubric"] == SCORES and r.metadata["tests"] == {"passed": 1, "total": 2}, r.metadata
+    assert r.reward == pytest.approx(0.1 + 0.5)
+    body = requests.post(url + "/step", json={"action": {"code": "print(4)", "metadata": {"expected_stdout": "4"}}},
+                         headers={"x-openenv-extensions": "metadata"}, timeout=30).json()
+    assert body["metadata"]["rubric"] == {"total": 1.0, "no_exception": 1.0, "output_matches": 1.0}, body
+    bad = requests.post(url + "/step", json={"action": {"code": "1", "metadata": {"tests": "assert True"}}}, timeout=30)
+    assert bad.status_code == 500 and "tests" in bad.text, bad.text  # a malformed task fails its step, and says why
+
+
 # ---------------------------------------------------------------- the OS layers alone (no interpreter layer)
 
 ESCAPED = {  # layer: what code that escaped the interpreter tries, and what stops it

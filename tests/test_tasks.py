@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -111,6 +112,25 @@ def test_reset_by_task_over_http(echo_url):
     assert r.status_code == 200 and r.json()["observation"]["echoed_message"] == "goodbye"
     assert requests.post(echo_url + "/echo_env/num_tasks", json={"split": "test"}).json() == {"num_tasks": 2}
 
+
+
+def test_task_routes_take_a_slot():
+    """A task route builds an environment, so it needs a free slot as an HTTP step does: a full server answers 503."""
+    with serve_in_thread(task_app(EchoEnvironment, "echo_env", max_concurrent_envs=1)) as url:
+        async def go():
+            async with connect(ws_url(url)) as ws:  # the one session holds the one slot
+                await ws.send(json.dumps({"type": "reset", "data": {}}))
+                await ws.recv()
+                full = [requests.post(f"{url}/echo_env/{route}", json=body, timeout=10) for route, body in
+                        [("num_tasks", {"split": "train"}), ("task", {"split": "train", "index": 0})]]
+                return full + [requests.get(f"{url}/echo_env/splits", timeout=10), requests.post(f"{url}/step", json={"action": {"message": "x"}}, timeout=10)]
+        *tasks, splits, step = asyncio.run(go())
+        assert [r.status_code for r in (*tasks, splits, step)] == [503] * 4, [r.text for r in (*tasks, splits, step)]
+        assert tasks[0].json()["detail"]["code"] == step.json()["detail"]["code"] == "CAPACITY_REACHED", tasks[0].text
+        deadline = time.monotonic() + 30  # the session's slot is freed once its socket has closed
+        while (r := requests.post(f"{url}/echo_env/num_tasks", json={"split": "train"}, timeout=10)).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.json() == {"num_tasks": 3} and requests.get(f"{url}/health", timeout=10).json()["active_sessions"] == 0
 
 # --------------------------------------------------------------------------------------------------------------------
 # Upstream openenv 0.10, from its own venv. It has no generic Task API client: its `HarborEnv` reads the routes of an

@@ -202,3 +202,15 @@ def test_a_tool_environment_gives_one_method_per_tool(trl_kit, tmp_path):
     assert steps == [1, 1]
     for completion, *_ in seen[0]:
         assert tool_exchange(completion)[1] == ("tool", "echo_message", "hello")
+
+
+def test_a_token_goes_to_the_server_started_and_to_every_session():
+    """`token=` is the `OPENENV_TOKEN` of a server the factory starts, and every request and rollout's session sends it."""
+    from openenv_nb.client import GenericEnvClient
+    from openenv_nb.types import EnvConnectionError
+    Locked = environment_factory("echo", name="Locked", token="s3cret", max_sessions=4)
+    try:
+        e = Locked(); e.reset()
+        assert e.client.headers == {"Authorization": "Bearer s3cret"} and e.echo_message(message="ok") == "ok"
+        with pytest.raises(EnvConnectionError, match="401"): GenericEnvClient(Locked._endpoint.owned.base_url, token="").sync().connect()
+    finally: Locked.close()
