@@ -9,7 +9,7 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'INVALID_PARAMS', 'INTERNAL_ERROR', 'SERVER_ERROR', 'PROTOCOL_VERSIONS', 'METHODS', 'Tool', 'ToolErrorType',
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
-           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'server_tools', 'tool',
+           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'within', 'server_tools', 'tool',
            'MCPEnvironment', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request', 'RpcCall',
            'mcp_result', 'rpc']
 
@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import json
 import re
+import types
 import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -217,7 +218,7 @@ def tool(self: FunctionTool) -> Tool:
 def check(self: FunctionTool, arguments: dict # the arguments as sent
          ) -> dict:
     "`arguments` checked against the tool's parameters, as keyword arguments for its function; raises `ValidationError`."
-    m = self.args.model_validate(arguments)
+    m = self.args.__pydantic_validator__.validate_python(arguments)  # `model_validate` without its wrapper: a tool call's hot path
     return {p: getattr(m, f) for f, p in self.params}
 
 # %% ../nbs/01b_mcp.ipynb #5c9e4190
@@ -240,10 +241,10 @@ def tool_result(value # what a tool function returned
                ) -> ToolResult:
     "`value` as a `ToolResult`: a text block, the value as JSON, and as an object (`{'result': v}` unless it is one)."
     if value is None: return ToolResult()
-    data = to_jsonable_python(value, fallback=str)
+    data = value if type(value) is str else to_jsonable_python(value, fallback=str)
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return ToolResult(content=[{"type": "text", "text": text}], data=data,
-                      structured_content=data if isinstance(data, dict) else {"result": data})
+    return ToolResult.model_validate({"content": [{"type": "text", "text": text}], "data": data,
+                                      "structured_content": data if isinstance(data, dict) else {"result": data}})
 
 # %% ../nbs/01b_mcp.ipynb #0c769537
 class ToolSet:
@@ -308,23 +309,45 @@ def _checked(self: ToolSet, name: str, arguments: dict | None, mode: str | None 
         why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'arguments'}: {x['msg']}" for x in errors)
         raise ToolCallError(ToolErrorType.INVALID_ARGS, f"Invalid arguments for tool {name!r}: {why}", errors) from None
 
+# %% ../nbs/01b_mcp.ipynb #93f406d2
+@types.coroutine
+def _resumed(coro, waiting):
+    "Drive `coro` on from its first suspension, where it waits on `waiting` (what it yields goes to the task)."
+    while True:
+        try: sent = yield waiting
+        except BaseException as e:
+            try: waiting = coro.throw(e)
+            except StopIteration as stop: return stop.value
+        else:
+            try: waiting = coro.send(sent)
+            except StopIteration as stop: return stop.value
+
+# %% ../nbs/01b_mcp.ipynb #17ee96f2
+async def within(coro: Awaitable, # a coroutine, not yet started
+                 limit: float | None # seconds it may take; `None` (or 0) for no limit
+                ) -> Any:
+    "What `coro` returns, or `TimeoutError` after `limit` seconds; the timer is armed only if `coro` waits."
+    if not limit: return await coro
+    deadline = asyncio.get_running_loop().time() + limit
+    try: waiting = coro.send(None)
+    except StopIteration as stop: return stop.value
+    async with asyncio.timeout_at(deadline): return await _resumed(coro, waiting)
+
 # %% ../nbs/01b_mcp.ipynb #a12d01c6
 @patch
 async def call_tool_async(self: ToolSet, name: str, # the tool
                           arguments: dict | None = None, # its arguments
-                          timeout_s: float | None = None, # a time limit for any tool; `None` for none
+                          timeout_s: float | None = None, # this call's time limit; `None`: `default_timeout_s`
                           mode: str | None = None, # the mode the caller is in
-                          blocking_timeout_s: float | None = None # the limit for a tool run in a thread, when `timeout_s` is `None`
+                          default_timeout_s: float | None = None # the limit when `timeout_s` is `None` (a step's `tool_timeout_s`)
                          ) -> ToolResult:
-    "Call a tool: a coroutine function is awaited on the loop, any other runs in a thread; failures are `ToolCallError`s."
+    "Call a tool within its time limit: a coroutine function is awaited on the loop, any other runs in a thread; failures are `ToolCallError`s."
     t, kw = self._checked(name, arguments, mode)
-    work = t.fn(**kw) if t.is_async else asyncio.to_thread(t.fn, **kw)
-    limit = timeout_s or (None if t.is_async else blocking_timeout_s)
-    try:
-        if not limit: value = await work
-        else:
-            async with asyncio.timeout(limit): value = await work  # cheaper than `wait_for`, which makes a task
-    except TimeoutError: raise ToolCallError(ToolErrorType.TIMEOUT, f"Tool {name!r} timed out after {limit:g} seconds") from None
+    limit = timeout_s or default_timeout_s
+    try: value = await within(t.fn(**kw) if t.is_async else asyncio.to_thread(t.fn, **kw), limit)
+    except TimeoutError as e:
+        if not limit: raise ToolCallError(ToolErrorType.EXECUTION_ERROR, f"Error calling tool {name!r}: {e!r}") from e
+        raise ToolCallError(ToolErrorType.TIMEOUT, f"Tool {name!r} timed out after {limit:g} seconds") from None
     except Exception as e: raise ToolCallError(ToolErrorType.EXECUTION_ERROR, f"Error calling tool {name!r}: {e}") from e
     return tool_result(value)
 
@@ -382,7 +405,7 @@ def tool(fn: Callable | None = None, # the method
 # %% ../nbs/01b_mcp.ipynb #70c48633
 class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
     "An environment whose agent acts by calling tools, listed and called with `ListToolsAction` and `CallToolAction`."
-    tool_timeout_s: float | None = 30.0  # a step's limit on a blocking (sync) tool when the step gives none (upstream's 30 s)
+    tool_timeout_s: float | None = 30.0  # a tool call's time limit when the caller gives none, async tools too (upstream's 30 s)
     _mode: str | None = None  # `"production"` or `"simulation"`: which tools of one mode are shown (upstream's)
     _class_tools: dict = {}  # tool name -> (method name, FunctionTool), for each subclass
 
@@ -452,7 +475,7 @@ def step(self: MCPEnvironment, action: Action, # a tool action, or one of the en
 # %% ../nbs/01b_mcp.ipynb #f0e56709
 @patch
 async def step_async(self: MCPEnvironment, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:
-    "`step` for the server: tools as `ToolSet.call_tool_async` runs them, within `timeout_s` (a blocking one within `tool_timeout_s`)."
+    "`step` for the server: tools as `ToolSet.call_tool_async` runs them, within `timeout_s`, else `tool_timeout_s`."
     cls = type(self)
     if cls.step is not MCPEnvironment.step and cls.step_async is MCPEnvironment.step_async:  # a subclass wrote only `step`
         return await asyncio.to_thread(self.step, action, timeout_s=timeout_s, **kwargs)
@@ -487,10 +510,10 @@ def list_tools(self: MCPEnvironment) -> list[Tool]:
 @patch
 async def call_tool_async(self: MCPEnvironment, name: str, # the tool
                           arguments: dict | None = None, # its arguments
-                          timeout_s: float | None = None # a time limit; `None` for none
+                          timeout_s: float | None = None # a time limit; `None`: the environment's `tool_timeout_s`
                          ) -> ToolResult:
     "Call a tool, as `tools/call` does: not a step (no count, no reward); failures are `ToolCallError`s."
-    return await self.toolset.call_tool_async(name, arguments, timeout_s, self._mode)
+    return await self.toolset.call_tool_async(name, arguments, timeout_s, self._mode, self.tool_timeout_s)
 
 # %% ../nbs/01b_mcp.ipynb #79d2cadd
 @patch
@@ -516,6 +539,13 @@ class MCPEchoEnvironment(MCPEnvironment):
                               ) -> dict:
         "Echo back the message with its length."
         return {"message": message, "length": len(message)}
+
+# %% ../nbs/01b_mcp.ipynb #b791cab3
+@patch
+def reset(self: MCPEchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
+    "Start a new episode and say the tools are ready (`metadata={'status': 'ready'}`), as upstream's MCP echo does."
+    self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+    return self._apply_transform(Observation(reward=0.0, metadata={"status": "ready"}))
 
 # %% ../nbs/01b_mcp.ipynb #01f5f1cf
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603

@@ -12,6 +12,7 @@ __all__ = ['MCPError', 'tool_from', 'tool_value', 'GenericMCPObservation', 'tool
 from typing import Any
 
 from fastcore.basics import patch
+from fastcore.meta import delegates
 from pydantic import ConfigDict, ValidationError
 
 from .client import EnvClient, SyncEnvClient, run_sync
@@ -73,9 +74,11 @@ def tool_observation(payload: dict, # an envelope: `{observation, reward, done, 
     return StepResult(observation=o, reward=rest["reward"], done=rest["done"])
 
 # %% ../nbs/03a_mcp_client.ipynb #944b9461
+@delegates()
 class MCPToolClient(EnvClient):
     "Async client for a tool environment: `list_tools`, `call_tool`, `get_tool` and `has_tool`, beside `reset`/`step`/`state`."
-    def __init__(self, base_url: str | None = None, **kwargs): # the server, and `EnvClient`'s options
+    def __init__(self, base_url: str | None = None, # the server, `http://host:port` or `ws://host:port`
+                 **kwargs): # `EnvClient`'s options: `headers`, `token`, timeouts, `provider`
         super().__init__(base_url, **kwargs)
         self._tools_cache, self._rpc_id = None, 0
 

@@ -1117,9 +1117,8 @@ def test_http_parity(ours, upstream):
     assert not stale, f"no longer different from upstream (remove from KNOWN_DIFFERENCES): {sorted(stale)}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: upstream's MCP echo resets with metadata {'status': 'ready'}, "
-                                       "inside `observation` and at the top level; ours resets with empty metadata")
 def test_mcp_echo_reset_says_ready(ours):
+    "Upstream's MCP echo resets with metadata {'status': 'ready'}, inside `observation` and at the top level; so does ours."
     replies, end = asyncio.run(_exchange(ours.url("mcp"), [RESET(episode_id="m")]))
     assert (replies, end) == ([MCP_READY], "open")
 

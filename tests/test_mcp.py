@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from conftest import need
 from openenv_nb import actions
-from openenv_nb.mcp import PROTOCOL_VERSIONS, CallToolAction, ListToolsAction, MCPEchoEnvironment, rpc, tool
+from openenv_nb.mcp import PROTOCOL_VERSIONS, CallToolAction, CallToolObservation, ListToolsAction, MCPEchoEnvironment, rpc, tool
 from openenv_nb.mcp_client import MCPError, MCPToolClient
 from openenv_nb.server import bind, create_app, serve_in_thread
 
@@ -427,3 +427,90 @@ def test_upstream_client_against_our_server(upstream_py, monkeypatch):
     assert got["tools"] == ["echo_message", "echo_with_length"]
     assert (got["hi"], got["length"]) == ("hi", {"message": "Test", "length": 4})
     assert "Tool 'nope' failed" in got["error"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Idle HTTP sessions, tool time limits, and a private server.
+
+def rpc_body(method: str, rid: int = 1, **params) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+
+
+def test_idle_http_session_is_reaped_and_frees_its_slot():
+    "An HTTP MCP session unused for `session_timeout` is closed by the reaper (awaited here: no sleep), and its slot is free."
+    from openenv_nb.actions import Hub
+    from openenv_nb.server import reap_idle, rpc_once, serve_tools
+
+    async def run():
+        hub = Hub(MCPEchoEnvironment, CallToolAction, CallToolObservation, max_sessions=1, session_timeout=0.05)
+        serve_tools(hub, MCPEchoEnvironment)
+        sid = (await rpc_once(hub, rpc_body("openenv/session/create")))["result"]["session_id"]
+        assert (await rpc_once(hub, rpc_body("openenv/session/create", 2)))["error"]["code"] == -32000  # full
+        await asyncio.wait_for(hub.reaper, 10)  # the reaper ends with the last session
+        assert (hub.sessions, hub.active) == ({}, 0)
+        gone = await rpc_once(hub, rpc_body("tools/call", 3, name="echo_message", arguments={"message": "x"}, session_id=sid))
+        assert gone["error"]["message"] == f"Unknown session_id: {sid}"
+        again = (await rpc_once(hub, rpc_body("openenv/session/create", 4)))["result"]["session_id"]
+        # a call on the session counts as use: judged by an injected clock, it is idle only `session_timeout` after it
+        hub.reaper.cancel()
+        hub.session_timeout = 60
+        before = time.monotonic()
+        assert (await rpc_once(hub, rpc_body("tools/call", 5, name="echo_message", arguments={"message": "y"}, session_id=again)))["result"]["data"] == "y"
+        assert await reap_idle(hub, now=before + 59) == []
+        assert await reap_idle(hub, now=time.monotonic() + 60) == [again]
+        assert hub.active == 0
+    asyncio.run(run())
+
+
+def test_idle_http_session_reaped_on_a_real_server():
+    "Over HTTP: a session made and left alone is reaped, after which a new one fits in the only slot."
+    with serve_in_thread(create_app(MCPEchoEnvironment, max_concurrent_envs=1, session_timeout=0.2)) as url:
+        post = lambda body: httpx.post(url + "/mcp", content=body, headers={"content-type": "application/json"}, timeout=10).json()
+        sid = post(rpc_body("openenv/session/create"))["result"]["session_id"]
+        assert "error" in post(rpc_body("openenv/session/create", 2))
+        deadline = time.monotonic() + 20  # wait for the condition (the reaper acts after 0.2 s), never a fixed sleep
+        while httpx.get(url + "/health").json()["active_sessions"] and time.monotonic() < deadline: time.sleep(0.02)
+        assert httpx.get(url + "/health").json()["active_sessions"] == 0
+        assert "error" in post(rpc_body("tools/call", 3, name="echo_message", arguments={"message": "x"}, session_id=sid))
+        assert "result" in post(rpc_body("openenv/session/create", 4))
+
+
+class Hangs(MCPEchoEnvironment):
+    "The echo tools, and an async tool that never answers."
+    tool_timeout_s = 0.2
+
+    @tool
+    async def hang(self) -> str:
+        "Waits forever."
+        await asyncio.Event().wait()
+        return "never"
+
+
+def test_hanging_async_tool_times_out_and_the_session_goes_on():
+    "`tool_timeout_s` holds for async tools: as a step, as an `mcp` message and over `POST /mcp`; the session keeps serving."
+    from websockets.sync.client import connect
+    with serve_in_thread(create_app(Hangs, max_concurrent_envs=2)) as url, \
+         connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+        ask = lambda frame: (ws.send(json.dumps(frame)), json.loads(ws.recv(timeout=20)))[1]
+        step = lambda name, **args: ask({"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": args}})
+        call = lambda name, **args: ask({"type": "mcp", "data": json.loads(rpc_body("tools/call", name=name, arguments=args))})
+        ask({"type": "reset", "data": {}})
+        hung = step("hang")["data"]["observation"]["error"]
+        assert hung == {"error_type": "timeout", "message": "Tool 'hang' timed out after 0.2 seconds"}
+        assert step("echo_message", message="still here")["data"]["observation"]["result"]["data"] == "still here"
+        err = call("hang")["data"]["error"]
+        assert (err["code"], err["message"]) == (-32603, "Tool 'hang' timed out after 0.2 seconds")
+        assert call("echo_message", message="and here")["data"]["result"]["data"] == "and here"
+        assert ask({"type": "state"})["data"]["step_count"] == 2
+        over_http = httpx.post(url + "/mcp", content=rpc_body("tools/call", name="hang", arguments={}), timeout=20).json()
+        assert "timed out after 0.2 seconds" in over_http["error"]["message"]
+        assert httpx.get(url + "/health").json()["active_sessions"] == 1  # the HTTP call gave its slot back
+
+
+def test_mcp_tool_client_token_and_headers():
+    "`MCPToolClient` takes `token=` and `headers=` as the other clients do: a private server lets it in, and only it."
+    with serve_in_thread(create_app(MCPEchoEnvironment, max_concurrent_envs=2, token="s3cret")) as url:
+        with MCPToolClient(url, token="s3cret", headers={"X-Trace": "t1"}).sync() as env:
+            assert env.call_tool("echo_message", message="let in") == "let in"
+        with pytest.raises(Exception), MCPToolClient(url, token="", connect_timeout_s=2).sync() as env:
+            env.list_tools()
