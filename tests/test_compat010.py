@@ -882,7 +882,7 @@ KNOWN_DIFFERENCES = {  # case -> why ours differs from upstream 0.10 on purpose;
     "http:mcp_no_version": "ours echoes the request's readable `id` in its -32600 reply; upstream answers with id null",
 }
 
-# upstream's MCP echo answers reset with this frame; ours does not yet (issue 15, `test_mcp_echo_reset_says_ready`)
+# upstream's MCP echo answers reset with this frame, and so does ours (`test_mcp_echo_reset_says_ready`)
 MCP_READY = {"type": "observation", "data": {"observation": {"metadata": {"status": "ready"}}, "reward": 0.0, "done": False,
                                              "metadata": {"status": "ready"}}}
 
@@ -998,9 +998,7 @@ def test_ws_parity(ours, upstream):
     o, u = _ws_side(ours), _ws_side(upstream)
     for name in ("mcp_step_actions",):
         for side in (o, u): side[name] = ([_mcp_tool_step(r) for r in side[name][0]], side[name][1])
-    for name in ("mcp_over_ws", "mcp_step_actions"):  # their reset frame is the issue-15 gap, pinned by its own strict xfail test
-        assert u[name][0][0] == MCP_READY
-        for side in (o, u): side[name][0][0] = "<reset frame: see test_mcp_echo_reset_says_ready>"
+    for name in ("mcp_over_ws", "mcp_step_actions"): assert u[name][0][0] == MCP_READY  # compared with ours below, as every frame
     # the exact frames of the envelope, as upstream sends them
     assert u["step_metadata"][0][-1] == {"type": "observation", "data": {
         "observation": {"metadata": {"original_message": "hi", "step": 1}, "echoed_message": "hi", "message_length": 2},
