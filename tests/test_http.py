@@ -1,12 +1,15 @@
 """The HTTP routes against a real server, and a fuzzer against its OpenAPI document."""
+import re
 import subprocess
 import sys
 
 import pytest
 import requests
+from fastapi.testclient import TestClient
 
 from openenv_nb.client import HTTPEnvClient
-from openenv_nb.envs.echo import EchoAction, EchoHTTPEnv
+from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoHTTPEnv
+from openenv_nb.server import Guard, create_app
 from openenv_nb.types import EnvServerError
 
 
@@ -71,3 +74,35 @@ def test_schemathesis_finds_no_server_error(echo_url, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "failed" not in r.stdout.split("SUMMARY")[-1]
+
+
+FAST_CASES = [("POST", "/step", b'{"action": {"message": "hi"}, "timeout_s": 5, "extra": 1}', "application/json"),
+              ("POST", "/step", '{"action": {"message": "h\u00e9 \u2603"}}'.encode(), "application/json; charset=utf-8"),
+              ("POST", "/step", b'{"action": {"message": "hi"}}', "text/plain"), ("POST", "/step", b'{"action": {"message": "hi"}}', None),
+              ("POST", "/step", b"{", "application/json"), ("POST", "/step", b"", "application/json"),
+              ("POST", "/step", b'{"action": 5}', "application/json"), ("POST", "/step", b'{"action": {"message": 1}}', "application/json"),
+              ("POST", "/step", b'{"action": {}, "timeout_s": -1}', "application/json"), ("POST", "/step", b"[1]", "application/json"),
+              ("POST", "/step", b'{"action": {"message": "hi"}, "n": 123456789012345678901234567890}', "application/json"),
+              ("POST", "/step", b"[" * 5000 + b"]" * 5000, "application/json"),
+              ("POST", "/reset", b"", None), ("POST", "/reset", b"{}", "application/json"), ("POST", "/reset", b'{"seed": -1}', "application/json"),
+              ("POST", "/reset", b'{"split": "train", "index": 1}', "application/json"), ("POST", "/reset", b'{"split": "nope"}', "application/json"),
+              ("POST", "/reset", b"{}", "text/plain"), ("GET", "/state", b"", None),
+              ("POST", "/mcp", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}', "application/json"), ("POST", "/mcp", b"{", None),
+              ("POST", "/mcp", b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', "application/json"),
+              ("POST", "/mcp", b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo_message", "arguments": {"message": "hi"}}}', "application/json")]
+
+
+def test_the_fast_path_answers_as_fastapi_does():
+    "`Guard` answers the hot routes itself; with it off, FastAPI answers: the same status, headers and body, byte for byte."
+    answers = []
+    for fast in (True, False):
+        app = create_app(EchoEnvironment, max_concurrent_envs=4, token="")
+        if not fast: next(m for m in app.user_middleware if m.cls is Guard).kwargs["fast"] = frozenset()
+        with TestClient(app) as c:
+            got = []
+            for method, path, body, ctype in FAST_CASES:
+                r = c.request(method, path, content=body, headers={"content-type": ctype} if ctype else {})
+                got.append((r.status_code, r.headers.get("content-type"), r.headers.get("content-length"),
+                            re.sub(rb"[0-9a-f-]{36}", b"UUID", r.content)))
+            answers.append(got)
+    for case, fast, slow in zip(FAST_CASES, *answers): assert fast == slow, (case, fast, slow)

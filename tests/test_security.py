@@ -323,6 +323,8 @@ def test_probes_and_the_page_need_no_token(locked_url):
     assert requests.get(locked_url + "/health", timeout=10).json()["status"] == "healthy"
     page = requests.get(locked_url + "/web", timeout=10)
     assert page.status_code == 200 and 'data-auth="bearer"' in page.text and TOKEN not in page.text
+    home = requests.get(locked_url + "/", timeout=10, allow_redirects=False)  # a browser at the root is sent to the page
+    assert (home.status_code, home.headers["location"]) == (307, "/web/"), home.text
 
 
 def test_sockets_want_the_token_in_a_header_or_a_subprotocol(locked_url):

@@ -10,6 +10,8 @@ from websockets.asyncio.client import connect
 from openenv_nb.client import ws_url
 from openenv_nb.environment import Environment
 from openenv_nb.envs.echo import EchoAction, EchoEnv, EchoEnvironment
+from openenv_nb.server import create_app, serve_in_thread
+from websockets.exceptions import ConnectionClosedError
 
 
 class Gate(EchoEnvironment):
@@ -196,3 +198,22 @@ def test_close_message_ends_the_session(server):
             if health(url)["active_sessions"] == 0: return True
             await asyncio.sleep(0.02)
     assert asyncio.run(go())
+
+
+BIG = json.dumps({"type": "step", "data": {"message": "x" * (20 << 20)}})  # a 20 MB frame
+
+
+def test_a_20_mb_frame_passes_when_configured():
+    with serve_in_thread(create_app(EchoEnvironment, max_message_size=100 << 20)) as url:
+        (reply,) = asyncio.run(raw(url, BIG))
+    assert reply["data"]["observation"]["message_length"] == 20 << 20
+
+
+def test_a_20_mb_frame_is_refused_by_default():
+    async def send_big(url):
+        async with connect(ws_url(url), compression=None, max_size=None) as ws:
+            await ws.send(BIG)
+            await ws.recv()
+    with serve_in_thread(create_app(EchoEnvironment)) as url, pytest.raises(ConnectionClosedError) as e:
+        asyncio.run(send_big(url))
+    assert e.value.rcvd.code == 1009 and "exceeds limit of 16777216 bytes" in e.value.rcvd.reason  # from the transport
