@@ -1,13 +1,15 @@
 """Rollout throughput: batched frames (the `batch` extension, `VectorEnv`) against one frame per step.
 
 Echo environments, aggregate environment-steps/s for 64, 256 and 1,024 environments, in one run:
-- ours, batched, one server          VectorEnv over one connection
+- ours, batched, one server          VectorEnv over one connection (columns: `batch.step`, see `server`)
+- ours, batched, dicts               the same, untyped: dicts in and out, as upstream's GenericEnvClient below
 - ours, batched, local default       VectorEnv over one server process per core
 - ours, one frame per step           N `EchoEnv` clients, one WebSocket each
 - upstream, one frame per step       N openenv 0.10.0 `GenericEnvClient`s against openenv 0.10.0's server
 - core, one frame per step           N openenv-core 0.2.3 `GenericEnvClient`s against openenv-core's server
 Servers run as their users get them (uvicorn picks uvloop and httptools wherever installed; see bench_core's
-"server stack" row). Load runs in a separate process; server CPU per environment-step is read from /proc.
+"server stack" row). Load runs in a separate process; server CPU per environment-step is read from /proc, the load
+process's (the client's) from its own clock over the timed part.
 
     python bench/bench_batch.py [--quick] [--sizes 64,256,1024] [--seconds 3]
 """
@@ -42,10 +44,10 @@ async def main():
     clients = []
     t0 = time.perf_counter() + 30  # room to open; the clock below starts once all are open
     opened = asyncio.Event()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     deadline = start + 30 + seconds
     await asyncio.gather(*[one(deadline, counts, i) for i in range(n)])
-    print(json.dumps({"steps": sum(counts), "seconds": time.perf_counter() - start}))
+    print(json.dumps({"steps": sum(counts), "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}))
 asyncio.run(main())
 '''
 
@@ -61,31 +63,32 @@ def load(spec: dict) -> dict:
 
     n, seconds, urls = spec["n"], spec["seconds"], spec["urls"]
 
-    async def batched():
-        async with EchoVector(urls, num_envs=n, message_timeout_s=120) as venv:
+    async def batched(dicts: bool = False):
+        cls = VectorEnv if dicts else EchoVector
+        async with cls(urls, num_envs=n, message_timeout_s=120) as venv:
             await venv.reset()
-            actions = [EchoAction(message="hello")] * n
+            actions = [{"message": "hello"} if dicts else EchoAction(message="hello") for _ in range(n)]
             for _ in range(3): await venv.step(actions)
-            steps, errors, t0 = 0, 0, time.perf_counter()
+            steps, errors, t0, c0 = 0, 0, time.perf_counter(), time.process_time()
             while time.perf_counter() - t0 < seconds:
                 r = await venv.step(actions)
                 steps += n; errors += sum(e is not None for e in r.errors)
-            return {"steps": steps, "seconds": time.perf_counter() - t0, "errors": errors}
+            return {"steps": steps, "seconds": time.perf_counter() - t0, "errors": errors, "cpu": time.process_time() - c0}
 
     async def per_frame():
         envs = [EchoEnv(urls[0], message_timeout_s=120) for _ in range(n)]
         await asyncio.gather(*[e.connect() for e in envs])
         await asyncio.gather(*[e.reset() for e in envs])
-        counts, t0 = [0] * n, time.perf_counter()
+        counts, t0, c0 = [0] * n, time.perf_counter(), time.process_time()
         async def run(i):
             while time.perf_counter() - t0 < seconds:
                 await envs[i].step(EchoAction(message="hello")); counts[i] += 1
         await asyncio.gather(*[run(i) for i in range(n)])
-        out = {"steps": sum(counts), "seconds": time.perf_counter() - t0, "errors": 0}
+        out = {"steps": sum(counts), "seconds": time.perf_counter() - t0, "errors": 0, "cpu": time.process_time() - c0}
         await asyncio.gather(*[e.close() for e in envs])
         return out
 
-    return asyncio.run(batched() if spec["mode"] == "batched" else per_frame())
+    return asyncio.run(batched(spec["mode"] == "batched_dicts") if spec["mode"].startswith("batched") else per_frame())
 
 
 def run_load(spec: dict, pids: list[int], timeout: float = 300) -> dict:
@@ -101,6 +104,7 @@ def run_load(spec: dict, pids: list[int], timeout: float = 300) -> dict:
     if r.returncode != 0: return {"error": (r.stderr or r.stdout)[-300:].replace("\n", " ")}
     out = json.loads(r.stdout.strip().splitlines()[-1])
     out["cpu_us"] = 1e6 * cpu / max(out["steps"], 1)
+    out["client_cpu_us"] = 1e6 * out.get("cpu", 0.0) / max(out["steps"], 1)  # the load process, over its timed part
     return out
 
 
@@ -128,6 +132,7 @@ def main():
         o1, o2, up, core = servers["ours1"], servers["ours2"], servers["upstream"], servers["core"]
         cores = os.cpu_count() or 1
         phases = [("ours, batched, 1 server", "batched", [o1], [o1.http_url]),
+                  ("ours, batched, 1 server, dicts in and out (as upstream's generic client)", "batched_dicts", [o1], [o1.http_url]),
                   (f"ours, batched, {min(cores, 2)} servers (local default)", "batched", [o1, o2][:min(cores, 2)],
                    [o1.http_url, o2.http_url][:min(cores, 2)]),
                   ("ours, one frame per step", "per_frame", [o1], [o1.http_url]),
@@ -140,22 +145,22 @@ def main():
                 table[label, n] = run_load({"mode": mode, "n": n, "seconds": seconds, "urls": urls}, [s.proc.pid for s in srv])
         print(noise_line("after"))
         print()
-        print("| environment-steps/s (server CPU µs per env-step) | " + " | ".join(f"{n} envs" for n in sizes) + " |")
+        print("| environment-steps/s (CPU µs per env-step: server / client) | " + " | ".join(f"{n} envs" for n in sizes) + " |")
         print("|---|" + "---|" * len(sizes))
         for label, *_ in phases:
             cells = []
             for n in sizes:
                 r = table[label, n]
-                cells.append(f"n/a ({r['error'][:60]})" if "error" in r else f"{r['steps'] / r['seconds']:,.0f} ({r['cpu_us']:.0f})"
+                cells.append(f"n/a ({r['error'][:60]})" if "error" in r else f"{r['steps'] / r['seconds']:,.0f} ({r['cpu_us']:.1f} / {r['client_cpu_us']:.1f})"
                              + (f", {r['errors']} errors" if r.get("errors") else ""))
             print(f"| {label} | " + " | ".join(cells) + " |")
-        one, local, ours_pf, up_pf, core_pf = (p[0] for p in phases)
+        one, dicts, local, ours_pf, up_pf, core_pf = (p[0] for p in phases)
         ratio = lambda a, b, n: (table[a, n]["steps"] / table[a, n]["seconds"]) / (table[b, n]["steps"] / table[b, n]["seconds"])
         print()
         for n in sizes:
             try:
-                print(f"{n} envs: batched / upstream per frame = {ratio(one, up_pf, n):.1f}x with 1 server, "
-                      f"{ratio(local, up_pf, n):.1f}x with the local default; batched / core per frame = "
+                print(f"{n} envs: batched / upstream per frame = {ratio(one, up_pf, n):.1f}x with 1 server ({ratio(dicts, up_pf, n):.1f}x "
+                      f"with dicts), {ratio(local, up_pf, n):.1f}x with the local default; batched / core per frame = "
                       f"{ratio(one, core_pf, n):.1f}x; batched (1 server) / ours per frame = {ratio(one, ours_pf, n):.1f}x")
             except (KeyError, ZeroDivisionError, TypeError): pass
         print("\nTarget: >= 10x upstream 0.10.0's one-frame-per-step figure with 256 environments, in the same run.")

@@ -3,7 +3,7 @@
 CartPole-v1 (by default) with 64 environments, random actions, auto-reset, in one run:
 - gymnasium SyncVectorEnv              all environments in this process, no isolation
 - gymnasium AsyncVectorEnv             one subprocess per environment
-- ours, VectorEnv, 1 server            batched frames over one WebSocket to one local server process
+- ours, VectorEnv, 1 server            batched frames (`batch.step` columns) over one WebSocket to one local server process
 - ours, VectorEnv, 1 server, typed     the same, actions and observations as pydantic models on the client
 - ours, VectorEnv, local default       batched frames to one server process per core
 - ours, floor                          1 server whose environment returns its last observation: the framework alone
@@ -213,7 +213,7 @@ def main():
     print(noise_line("after"))
     rate = lambda k: statistics.median(r["steps"] / r["seconds"] for r in runs[k] if "error" not in r) if any("error" not in r for r in runs.get(k, [])) else None
     print(f"\n{a.env}, {a.envs} environments, random actions, auto-reset; median of {a.repeat} runs of {a.seconds:g} s\n")
-    print("| | env-steps/s | min - max | vs Sync | vs Async | CPU µs/env-step, all processes (server) |")
+    print("| | env-steps/s | min - max | vs Sync | vs Async | CPU µs/env-step, all processes (client / servers) |")
     print("|---|---|---|---|---|---|")
     for k in keys:
         ok = [r for r in runs[k] if "error" not in r]
@@ -221,7 +221,8 @@ def main():
         if not ok: print(f"| {label} | n/a ({runs[k][0]['error'][:80]}) | | | | |"); continue
         rs = [r["steps"] / r["seconds"] for r in ok]
         vs = lambda b: f"{rate(k) / rate(b):.2f}x" if rate(b) else "n/a"
-        cpu = f"{statistics.median(r['cpu_us'] for r in ok):.1f}" + (f" ({statistics.median(r['server_cpu_us'] for r in ok):.1f})" if "server_cpu_us" in ok[0] else "")
+        med = lambda key: statistics.median(r[key] for r in ok)
+        cpu = f"{med('cpu_us'):.1f}" + (f" ({med('cpu_us') - med('server_cpu_us'):.1f} / {med('server_cpu_us'):.1f})" if "server_cpu_us" in ok[0] else "")
         errs = sum(r.get("errors", 0) for r in ok)
         print(f"| {label} | {rate(k):,.0f} | {min(rs):,.0f} - {max(rs):,.0f} | {vs('sync')} | {vs('async')} | {cpu} |" + (f" {errs} errors" if errs else ""))
     best = max((rate(k) or 0 for k in ("ours1", "local") if k in runs), default=0)

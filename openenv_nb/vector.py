@@ -9,14 +9,19 @@ __all__ = ['ObsT', 'ActT', 'StateT', 'VectorResult', 'VectorEnv', 'spread', 'Tra
 
 # %% ../nbs/09_vector.ipynb #34dc404f
 import asyncio
+import contextlib
+import functools
 import inspect
+import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
+import orjson
 from fastcore.basics import patch
 from fastcore.meta import delegates
+from pydantic import TypeAdapter
 from .client import EnvClient, EpisodeLost, adopt_types, autosync, blocking, model_args, parse_reply, run_sync
 from .providers import LocalProcessProvider
 from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
@@ -25,6 +30,26 @@ from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
 class _Link(EnvClient):
     "One batch connection to one server, owning some of a `VectorEnv`'s environments."
     wanted = ("request-id", "metadata", "batch")
+
+# %% ../nbs/09_vector.ipynb #7092a137
+_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
+
+def _loads(data: bytes | str # a JSON text
+          ) -> Any:
+    "`json.loads(data)`, read by orjson unless `data` holds an integer that orjson might not read exactly."
+    raw = data.encode() if isinstance(data, str) else data
+    if b" 0000000000000000000" not in raw.translate(_DIGITS):
+        with contextlib.suppress(orjson.JSONDecodeError): return orjson.loads(raw)
+    return json.loads(raw)
+
+# %% ../nbs/09_vector.ipynb #ff9e6acb
+@patch
+async def _receive(self: _Link, rid: int | None) -> dict:
+    "The next reply, or the one for request `rid` (as `EnvClient._receive`, read with `_loads`)."
+    while True:
+        reply = _loads(await self._ws.recv(decode=False))
+        if rid is None or reply.get("id") == rid: return reply
+        if "id" not in reply and reply.get("type") == "error": return reply
 
 # %% ../nbs/09_vector.ipynb #46b21cfd
 @patch
@@ -43,6 +68,14 @@ async def run(self: _Link, ops: list[dict] # ops, each naming its environment (`
              ) -> list[dict]:
     "The result frames of `ops`, in order."
     return (await self._request({"type": "batch", "data": {"ops": ops}}))["results"]
+
+# %% ../nbs/09_vector.ipynb #d660390e
+@patch
+async def columns(self: _Link, kind: str, # `"batch.step"` or `"batch.reset"`
+                  data: dict # the message's columns (see `server`)
+                 ) -> dict:
+    "The result columns of a `batch.step` or `batch.reset`: observations, rewards, dones and errors."
+    return await self._request({"type": kind, "data": data})
 
 # %% ../nbs/09_vector.ipynb #d1fd6163
 ObsT = TypeVar("ObsT")
@@ -155,37 +188,88 @@ def _episode_lost(i: int, # the environment's index
     err.__cause__ = e
     return err
 
+# %% ../nbs/09_vector.ipynb #13c25904
+@patch
+def _groups(self: VectorEnv, envs: list[int] # environment indices
+           ) -> dict[int, list[int] | range]:
+    "The positions in `envs` of each link's environments (ranges when they are contiguous, as for all of them in order)."
+    by_link: dict[int, list[int]] = {}
+    for n, i in enumerate(envs): by_link.setdefault(self._where[i][0], []).append(n)
+    return {k: range(ns[0], ns[-1] + 1) if ns[-1] - ns[0] + 1 == len(ns) else ns for k, ns in by_link.items()}
+
 # %% ../nbs/09_vector.ipynb #befa1f04
 @patch
 async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exception]:
     "Results of `(env index, op)` pairs: a frame per op, or the exception that lost it."
-    by_link: dict[int, list[int]] = {}
-    for n, (i, _) in enumerate(ops): by_link.setdefault(self._where[i][0], []).append(n)
     out: list = [None] * len(ops)
     async def run(k, ns):
         try: res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]} for n in ns])
         except EnvConnectionError as e: res = [_episode_lost(ops[n][0], e) for n in ns]
         except (TimeoutError, EnvServerError) as e: res = [e] * len(ns)
         for n, r in zip(ns, res): out[n] = r
-    await asyncio.gather(*[run(k, ns) for k, ns in by_link.items()])
+    await asyncio.gather(*[run(k, ns) for k, ns in self._groups([i for i, _ in ops]).items()])
     return out
 
-# %% ../nbs/09_vector.ipynb #0b762575
+# %% ../nbs/09_vector.ipynb #360c225d
 @patch
-def _collect(self: VectorEnv, envs: list[int], frames: list, resets: list[bool]) -> VectorResult:
-    "A `VectorResult` from result frames, typed with the observation class, metadata kept (see `client.parse_reply`)."
-    r = VectorResult(envs, [], [], [], [], resets)
-    for i, f in zip(envs, frames):
-        err = f if isinstance(f, Exception) else None
-        if err is None and f.get("type") == "error":
-            err = EnvServerError.from_frame(f.get("data") or {}, f"{self._links[self._where[i][0]].url} (environment {i})")
-        if err is None:
-            res = parse_reply(f["data"], self.observation_type)
-            r.observations.append(res.observation); r.rewards.append(res.reward); r.dones.append(res.done)
-        else:
-            r.observations.append(None); r.rewards.append(None); r.dones.append(False)
-        r.errors.append(err)
-    return r
+def _place(self: VectorEnv, out: list[list], # the four result columns being filled
+           ns: list[int], # positions of one link's environments
+           envs: list[int], # the environment indices of all positions
+           k: int, # the link
+           res # its columns; an exception for all of them; or a list, one exception each
+          ) -> None:
+    "Put one link's results at positions `ns` of `out` (observations, rewards, dones, errors)."
+    if not isinstance(res, dict):
+        for n, e in zip(ns, res if isinstance(res, list) else [res] * len(ns)): out[3][n] = e
+        return
+    if isinstance(ns, range):  # a run of positions: its columns go in as slices
+        for col, key in zip(out, ("observations", "rewards", "dones")): col[ns.start:ns.stop] = res[key]
+    else:
+        for n, o, r, d in zip(ns, res["observations"], res["rewards"], res["dones"]): out[0][n], out[1][n], out[2][n] = o, r, d
+    if any(res["errors"]):
+        url = self._links[k].url
+        for n, e in zip(ns, res["errors"]):
+            if e is not None: out[3][n] = EnvServerError.from_frame(e, f"{url} (environment {envs[n]})")
+
+# %% ../nbs/09_vector.ipynb #9639dd2b
+@patch
+async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.reset"`
+                        envs: list[int], # environment indices
+                        cols: dict[str, list], # columns with an entry per environment of `envs` (`actions`, `seeds`)
+                        extra: dict | None = None, # more data for every server (`kwargs`)
+                        resets: list[bool] | None = None, # per environment: reset it instead of stepping it
+                        lost: dict[int, Exception] | None = None # links that could not be reached again, and why
+                       ) -> list[list]:
+    "The results of `envs` as four columns (observations as sent, rewards, dones, errors): one frame to each server, all at once."
+    out = [[None] * len(envs), [None] * len(envs), [False] * len(envs), [None] * len(envs)]
+    async def run(k, ns):
+        ids = [self._where[envs[n]][1] for n in ns]
+        mine = {c: v[ns.start:ns.stop] if isinstance(ns, range) else [v[n] for n in ns] for c, v in cols.items()}
+        data = {"envs": ids, **mine, **(extra or {})}
+        if resets is not None: data["resets"] = [i for i, n in zip(ids, ns) if resets[n]]
+        try: res = lost[k] if lost and k in lost else await self._links[k].columns(kind, data)
+        except EnvConnectionError as e: res = [_episode_lost(envs[n], e) for n in ns]
+        except (TimeoutError, EnvServerError) as e: res = e
+        self._place(out, ns, envs, k, res)
+    await asyncio.gather(*[run(k, ns) for k, ns in self._groups(envs).items()])
+    return out
+
+# %% ../nbs/09_vector.ipynb #5b53bd41
+@functools.lru_cache(maxsize=64)
+def _many(cls: type) -> TypeAdapter:
+    "A validator (and dumper) of lists of `cls`, made once per class."
+    return TypeAdapter(list[cls])
+
+# %% ../nbs/09_vector.ipynb #1e5d0b49
+@patch
+def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an error)
+           rewards: list, dones: list) -> list:
+    "The observations as the observation class, reward and done included (dicts when there is no class; `None` stays)."
+    if self.observation_type is None: return obs
+    at = [n for n, o in enumerate(obs) if o is not None]
+    out = [None] * len(obs)
+    for n, o in zip(at, _many(self.observation_type).validate_python([{**obs[n], "reward": rewards[n], "done": dones[n]} for n in at])): out[n] = o
+    return out
 
 # %% ../nbs/09_vector.ipynb #52a755ca
 @patch
@@ -231,10 +315,9 @@ async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # an i
     envs = self._which(envs)
     lost = await self._reopen({self._where[i][0] for i in envs})
     seeds = _seeds(seed, len(envs))
-    ops = [(i, {"type": "reset", "data": {**kwargs, **({} if s is None else {"seed": s})}})
-           for i, s in zip(envs, seeds) if self._where[i][0] not in lost]
-    frames = iter(await self._send(ops))
-    r = self._collect(envs, [lost.get(self._where[i][0]) or next(frames) for i in envs], [True] * len(envs))
+    cols = await self._send_columns("batch.reset", envs, {"seeds": seeds} if any(s is not None for s in seeds) else {},
+                                    {"kwargs": kwargs} if kwargs else None, lost=lost)
+    r = VectorResult(envs, self._typed(*cols[:3]), *cols[1:], [True] * len(envs))
     for i, e in zip(envs, r.errors):
         if e is None: self._needs_reset[i] = False
     return r
@@ -244,6 +327,21 @@ async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # an i
 def _step_payload(self: VectorEnv, action) -> dict:
     "The wire form of `action`, checked against the action class when known (as `EnvClient._step_payload`)."
     return EnvClient._step_payload(self, action)
+
+# %% ../nbs/09_vector.ipynb #e3cfe272
+@patch
+def _payloads(self: VectorEnv, actions: Sequence, # one action per environment
+              skip: list[bool] # per action: not sent (`None` in its place)
+             ) -> list:
+    "The wire form of each action (as `_step_payload` makes it): all at once when all are dicts or all of the action class."
+    cls, kinds = self.action_type, {type(a) for a in actions}
+    if kinds <= {dict} and cls is None: out = list(actions)  # nothing to check, nothing to convert
+    elif kinds <= {dict, cls} and cls is not None:
+        out = _many(cls).dump_python(_many(cls).validate_python(list(actions)), mode="json")
+        for d in out:
+            if not d.get("metadata", True): del d["metadata"]
+    else: out = [self._step_payload(a) for a in actions]
+    return [None if s else d for d, s in zip(out, skip)] if any(skip) else out
 
 # %% ../nbs/09_vector.ipynb #2273cf9a
 @patch
@@ -256,9 +354,8 @@ async def step(self: VectorEnv, actions: Sequence, # one action per environment 
     envs = self._which(envs)
     if len(actions) != len(envs): raise ValueError(f"Got {len(actions)} actions for {len(envs)} environments")
     resets = [self.auto_reset and self._needs_reset[i] for i in envs]
-    ops = [(i, {"type": "reset", "data": {}} if again else {"type": "step", "data": self._step_payload(a)})
-           for i, a, again in zip(envs, actions, resets)]
-    r = self._collect(envs, await self._send(ops), resets)
+    cols = await self._send_columns("batch.step", envs, {"actions": self._payloads(actions, resets)}, resets=resets)
+    r = VectorResult(envs, self._typed(*cols[:3]), *cols[1:], resets)
     for i, d, e in zip(envs, r.dones, r.errors): self._needs_reset[i] = d and e is None
     return r
 

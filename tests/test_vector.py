@@ -125,3 +125,39 @@ def test_plain_calls_and_a_token():
         with pytest.raises(EnvConnectionError, match="401"): EchoVector(url, num_envs=1, token="", connect_timeout_s=2).connect()
     finally:
         p.stop()
+
+
+def test_columns_and_ops_give_the_same_results_on_the_wire(server):
+    """`batch.step`/`batch.reset` columns say what the `batch` op frames say, entry by entry; a bad action fails its entry only."""
+    url = server("echo", max_sessions=8)
+    async def go():
+        async with connect(ws_url(url), additional_headers={"x-openenv-extensions": "batch, request-id"}) as ws:
+            async def ask(kind, data, rid):
+                await ws.send(json.dumps({"type": kind, "data": data, "id": rid}))
+                return json.loads(await ws.recv())
+            a = (await ask("batch.open", {"count": 3}, 1))["data"]["envs"]
+            b = (await ask("batch.open", {"count": 3}, 2))["data"]["envs"]
+            cols = (await ask("batch.reset", {"envs": a, "seeds": [1, 2, 3]}, 3))["data"]
+            ops = (await ask("batch", {"ops": [{"env": i, "type": "reset", "data": {"seed": s}} for i, s in zip(b, [1, 2, 3])]}, 4))["data"]["results"]
+            assert cols["observations"] == [f["data"]["observation"] for f in ops] and cols["errors"] == [None] * 3
+            acts = [{"message": "hi"}, {"message": 5}, {"message": "there"}]
+            step = await ask("batch.step", {"envs": a, "actions": acts}, 5)
+            ops = (await ask("batch", {"ops": [{"env": i, "type": "step", "data": d} for i, d in zip(b, acts)]}, 6))["data"]["results"]
+            assert (step["type"], step["id"]) == ("batch.results", 5)
+            cols = step["data"]
+            assert cols["observations"][0] == ops[0]["data"]["observation"] and cols["rewards"][2] == ops[2]["data"]["reward"]
+            assert cols["observations"][1] is None and cols["errors"][1] == ops[1]["data"]  # the bad action: its own error, as a step alone gets
+            again = (await ask("batch.step", {"envs": a[:2], "actions": [None, {"message": "x"}], "resets": [a[0]]}, 7))["data"]
+            assert again["observations"][0]["echoed_message"] == "Echo environment ready!" and again["errors"] == [None, None]
+            bad = await ask("batch.step", {"envs": a, "actions": acts[:2]}, 8)
+            assert (bad["type"], bad["data"]["code"]) == ("error", "VALIDATION_ERROR")  # columns that do not line up: the message's error
+    asyncio.run(go())
+
+
+def test_an_untyped_vector_sends_actions_as_given(server):
+    url = server("echo", max_sessions=4)
+    with VectorEnv(url, num_envs=3).sync() as venv:
+        venv.reset()
+        r = venv.step([{"message": "a"}, {"message": ["not", "text"]}, {"message": "ccc"}])
+        assert [o and o["echoed_message"] for o in r.observations] == ["a", None, "ccc"]
+        assert r.errors[1].code == "VALIDATION_ERROR" and "environment 1" in str(r.errors[1])

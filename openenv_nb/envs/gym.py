@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/gym.html.md"""
 
 # %% auto #0
 __all__ = ['EXACT', 'QUICK', 'REWARDS', 'REWARD_ARGS', 'nested', 'bounded', 'space_type', 'to_native', 'jsonable', 'in_space',
-           'GymAction', 'GymObservation', 'GymState', 'camel', 'gym_types', 'png', 'GymEnvironment',
+           'GymAction', 'GymObservation', 'GymState', 'camel', 'gym_types', 'png', 'GymEnvironment', 'trusted',
            'InlineGymEnvironment', 'runs_inline', 'gym_declarations', 'gym_env', 'make_gym_target', 'GymEnv']
 
 # %% ../../nbs/envs/gym.ipynb #05a09e89
@@ -24,7 +24,7 @@ import numpy as np
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from gymnasium import spaces
-from pydantic import ConfigDict, Field, ValidationError, WrapValidator, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator, create_model
 from typing_extensions import TypedDict
 
 from ..client import EnvClient
@@ -101,7 +101,7 @@ def to_native(space: spaces.Space, # the space the value belongs to
               value: Any # a value as `space_type(space)` validates it
              ) -> Any:
     "`value` in the form Gymnasium's `space` holds: numpy arrays with its dtype, tuples, dicts."
-    if isinstance(space, spaces.Discrete): return int(value)
+    if isinstance(space, spaces.Discrete): return space.dtype.type(value)  # a numpy integer, as Gymnasium's vector envs pass
     if isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete)): return np.asarray(value, dtype=space.dtype)
     if isinstance(space, spaces.Tuple): return tuple(to_native(s, v) for s, v in zip(space.spaces, value))
     if isinstance(space, spaces.Dict): return {k: to_native(s, value[k]) for k, s in space.spaces.items()}
@@ -234,13 +234,33 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
         "Close the Gymnasium environment."
         self.env.close()
 
+# %% ../../nbs/envs/gym.ipynb #33ca9253
+@functools.cache
+def _names(cls: type[BaseModel]) -> tuple[frozenset, set] | None:
+    "The field names of `cls`, as a frozenset and as a set to copy (read once: `model_fields` is slow to read); `None` when it has private attributes."
+    return None if cls.__private_attributes__ else (frozenset(cls.model_fields), set(cls.model_fields))
+
+# %% ../../nbs/envs/gym.ipynb #596c5c62
+def trusted(cls: type[BaseModel], # a pydantic model class
+            **fields # a value for every field, already of the field's type (in the fields' order, as validation leaves them)
+           ) -> BaseModel:
+    "An instance of `cls` holding `fields` unchecked: what `model_construct` makes, without its per-field work."
+    names = _names(cls)
+    if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)  # fields left out, or private attributes
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", fields)
+    object.__setattr__(obj, "__pydantic_fields_set__", names[1].copy())
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
 # %% ../../nbs/envs/gym.ipynb #dd6e9cbf
 @patch
 def _observe(self: GymEnvironment, obs, reward, terminated, truncated, info) -> GymObservation:
-    "What Gymnasium returned, as this environment's observation class (the info in `metadata`)."
-    done = bool(terminated or truncated)
-    return self._apply_transform(self.observation_type(obs=jsonable(obs), reward=float(reward), done=done, terminated=bool(terminated),
-                                                       truncated=bool(truncated), frame=self.frame(), metadata=jsonable(info) if info else {}))
+    "What Gymnasium returned, as this environment's observation class (the info in `metadata`), built with `trusted`."
+    return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated), reward=float(reward),
+                                         metadata=jsonable(info) if info else {}, obs=jsonable(obs), terminated=bool(terminated),
+                                         truncated=bool(truncated), frame=self.frame()))
 
 # %% ../../nbs/envs/gym.ipynb #5f6568b7
 @patch
