@@ -6,7 +6,9 @@
 
 It installs nothing: without either it returns `(None, why)`, and the tests marked `upstream` skip with that reason
 (or fail, where OPENENV_REQUIRE names `upstream`). `python tests/upstream_venv.py --create` makes
-`<repo>/.venv-upstream` (`python -m venv`, then `pip install openenv==0.10.0`); without `--create` it prints what it found.
+`<repo>/.venv-upstream` (`python -m venv`, then `pip install openenv==0.10.0`, plus `SHIM_DEPS`: what openenv_nb needs
+there beyond openenv's own dependencies, and pytest, for `tests/test_upstream_suite.py`, which runs upstream's test files
+in this venv with our server swapped in); without `--create` it prints what it found.
 """
 import os
 import subprocess
@@ -17,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSION = "0.10.0"
 VENV = ROOT / ".venv-upstream"
 ENV_VAR = "OPENENV_UPSTREAM_PYTHON"
+SHIM_DEPS = ["fastcore>=1.8", "pathspec>=0.12", "pytest>=8", "pytest-asyncio>=0.23"]  # small: no torch, nothing compiled
 
 _PROBE = ("import importlib.metadata as m, openenv.core.generic_client, openenv.core.env_server.types; "
           "print(m.version('openenv'))")
@@ -53,7 +56,7 @@ def create() -> str:
     "Make `.venv-upstream` with openenv 0.10.0; '' on success, else why it failed."
     py = VENV / "bin" / "python"
     for cmd in ([sys.executable, "-m", "venv", str(VENV)],
-                [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"openenv=={VERSION}"]):
+                [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"openenv=={VERSION}", *SHIM_DEPS]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0: return f"`{' '.join(cmd[:4])} ...` failed: {(r.stderr or r.stdout).strip()[-500:]}"
     return probe(py)

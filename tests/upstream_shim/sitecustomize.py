@@ -1,0 +1,108 @@
+"""Put openenv-nb's server in place of upstream `openenv` 0.10's, in every Python process of the upstream venv.
+
+`tests/test_upstream_suite.py` runs upstream's own test files with this folder on `PYTHONPATH`; Python imports
+`sitecustomize` at start-up, so the swap also reaches the servers those tests start in subprocesses (`python -m uvicorn
+envs.echo_env.server.app:app`). It acts only when `OPENENV_SHIM=ours`; otherwise upstream's server stays (the reference run).
+
+What it swaps: `create_app`, `create_fastapi_app` and `HTTPEnvServer` of `openenv.core.env_server.http_server` (and their
+re-exports in `openenv.core.env_server`). The replacements take upstream's arguments and build `openenv_nb.server.create_app`,
+serving the same upstream environment, action and observation classes. Two translations are needed, and are all this file does:
+- upstream's `ConcurrencyConfig` becomes `max_concurrent_envs` / `session_timeout`; `ENABLE_WEB_INTERFACE` picks `web`
+  (`create_fastapi_app` never serves the page, as upstream's);
+- an upstream `MCPEnvironment` (built on `fastmcp`) is served as one of ours made from its own `FastMCP` server
+  (`UpstreamTools`): our server then lists and calls its tools with its own MCP code, while `reset`, `state` and
+  non-tool actions go to the upstream environment itself.
+"""
+import os
+
+if os.environ.get("OPENENV_SHIM") == "ours":
+    import functools
+
+    import openenv.core.env_server as _pkg
+    import openenv.core.env_server.http_server as _hs
+    from openenv.core.env_server.mcp_environment import MCPEnvironment as _UpMCP
+    from openenv.core.env_server.types import State as _UpState
+
+    from openenv_nb import server as _ours
+    from openenv_nb.actions import accepted as _accepted
+    from openenv_nb.mcp import MCPEnvironment as _OurMCP
+
+    class UpstreamTools(_OurMCP):
+        "One of our tool environments around an upstream `MCPEnvironment`: its `FastMCP` tools, its reset, state and actions."
+        _factory = None  # the upstream factory, set on each subclass by `_served`
+
+        def __init__(self):
+            self.inner = type(self)._factory()
+            super().__init__(mcp_server=self.inner.mcp_server)
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            kw = {"seed": seed, "episode_id": episode_id, **kwargs}
+            return self.inner.reset(**_accepted(self.inner.reset, {k: v for k, v in kw.items() if v is not None}))
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return self.inner.step(action, **_accepted(self.inner.step, {"timeout_s": timeout_s, **kwargs}))
+
+        @property
+        def state(self):
+            return self.inner.state
+
+        def get_metadata(self):
+            return self.inner.get_metadata()
+
+        def close(self):
+            self.inner.close()
+
+    def _upstream_class(env):
+        "The class an upstream factory builds, without building one: the class itself, or a factory's return annotation."
+        if isinstance(env, type): return env
+        target = env.func if isinstance(env, functools.partial) else env
+        return getattr(target, "__annotations__", {}).get("return")
+
+    def _served(env):
+        "What our `create_app` serves for the upstream factory `env`: `env` itself, or an `UpstreamTools` class for an MCP one."
+        cls = _upstream_class(env)
+        if not (isinstance(cls, type) and issubclass(cls, _UpMCP)): return env
+        return type(f"Upstream{cls.__name__}", (UpstreamTools,), {
+            "_factory": staticmethod(env), "SUPPORTS_CONCURRENT_SESSIONS": getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False)})
+
+    def _limits(max_concurrent_envs, concurrency_config) -> dict:
+        if max_concurrent_envs is not None and concurrency_config is not None:
+            raise ValueError("Cannot specify both 'max_concurrent_envs' and 'concurrency_config'.")
+        if concurrency_config is None: return {"max_concurrent_envs": max_concurrent_envs}
+        return {"max_concurrent_envs": concurrency_config.max_concurrent_envs, "session_timeout": concurrency_config.session_timeout}
+
+    def _build(env, action_cls, observation_cls, *, max_concurrent_envs=None, concurrency_config=None, env_name=None,
+               state_cls=_UpState, mode=None, reset_observation_cls=None, web=False):
+        return _ours.create_app(_served(env), action_cls, observation_cls, env_name=env_name, web=web, mode=mode,
+                                state_cls=state_cls, reset_observation_cls=reset_observation_cls,
+                                **_limits(max_concurrent_envs, concurrency_config))
+
+    def create_app(env, action_cls, observation_cls, env_name=None, max_concurrent_envs=None, concurrency_config=None,
+                   gradio_builder=None, custom_tab_name="Custom", custom_tab_primary=False, show_default_tab=True,
+                   title_override=None, state_cls=_UpState, *, mode=None, reset_observation_cls=None):
+        "Upstream's `create_app`, answered by ours (the page when `ENABLE_WEB_INTERFACE` says so; upstream's Gradio options unused)."
+        web = os.getenv("ENABLE_WEB_INTERFACE", "false").lower() in ("true", "1", "yes")
+        return _build(env, action_cls, observation_cls, max_concurrent_envs=max_concurrent_envs, concurrency_config=concurrency_config,
+                      env_name=env_name, state_cls=state_cls, mode=mode, reset_observation_cls=reset_observation_cls, web=web)
+
+    def create_fastapi_app(env, action_cls, observation_cls, max_concurrent_envs=None, concurrency_config=None, env_name=None,
+                           state_cls=_UpState, *, mode=None, reset_observation_cls=None):
+        "Upstream's `create_fastapi_app` (no web page), answered by ours."
+        return _build(env, action_cls, observation_cls, max_concurrent_envs=max_concurrent_envs, concurrency_config=concurrency_config,
+                      env_name=env_name, state_cls=state_cls, mode=mode, reset_observation_cls=reset_observation_cls)
+
+    class HTTPEnvServer:
+        "Upstream's `HTTPEnvServer`: `register_routes(app, mode)` mounts our app, built from the same arguments, on `app`."
+        def __init__(self, env, action_cls, observation_cls, max_concurrent_envs=None, concurrency_config=None, env_name=None,
+                     state_cls=_UpState, *, reset_observation_cls=None):
+            self._args = (env, action_cls, observation_cls)
+            self._kw = dict(max_concurrent_envs=max_concurrent_envs, concurrency_config=concurrency_config, env_name=env_name,
+                            state_cls=state_cls, reset_observation_cls=reset_observation_cls)
+            self.action_cls, self.observation_cls, self.state_cls, self.env_name = action_cls, observation_cls, state_cls, env_name
+            self.reset_observation_cls = reset_observation_cls or observation_cls
+
+        def register_routes(self, app, mode=None):
+            app.mount("/", _build(*self._args, mode=mode, **self._kw))
+
+    for _mod in (_hs, _pkg):
+        _mod.create_app, _mod.create_fastapi_app, _mod.HTTPEnvServer = create_app, create_fastapi_app, HTTPEnvServer
