@@ -536,17 +536,17 @@ def load_http(spec: dict) -> dict:
         for _ in range(spec["warmup"]):
             post()
         n, clock = 0, time.perf_counter
-        cpu0, t0 = cpu_seconds(spec["server_pid"]), clock()
+        cpu0, own0, t0 = cpu_seconds(spec["server_pid"]), time.process_time(), clock()
         deadline = t0 + spec["duration"]
         while n < spec["max_steps"] and clock() < deadline:
             post()
             n += 1
-        t1, cpu1 = clock(), cpu_seconds(spec["server_pid"])
+        t1, own1, cpu1 = clock(), time.process_time(), cpu_seconds(spec["server_pid"])
     finally:
         conn.close()
     if not n:
         return {"error": "no request completed in the timed phase"}
-    return {"steps": n, "rate": n / (t1 - t0), "cpu": (cpu1 - cpu0) / n * 1e6}
+    return {"steps": n, "rate": n / (t1 - t0), "cpu": (cpu1 - cpu0) / n * 1e6, "client_cpu": (own1 - own0) / n * 1e6}
 
 
 async def load_hold(spec: dict) -> dict:
@@ -735,6 +735,8 @@ ROWS = [
     *[Row(f"http.{r}.rate", f"HTTP {HTTP_ROUTES[r][0]} /{r} req/s, 1 keep-alive client", "rate",
           ("upstream", ">=", 2.0, "≥2x upstream")) for r in HTTP_ROUTES],
     *[Row(f"http.{r}.cpu", f"server CPU per HTTP {HTTP_ROUTES[r][0]} /{r} (µs)", "us") for r in HTTP_ROUTES],
+    *[Row(f"http.{r}.client_cpu", f"client CPU per HTTP {HTTP_ROUTES[r][0]} /{r} (µs, the http.client load process)", "us")
+      for r in HTTP_ROUTES],
     Row("inproc.rate", "env.step(EchoAction('hi')) in process, steps/s", "rate"),
     Row("cold.s", "cold start to first /health 200 (s, median)", "s", ("abs", "<=", 1.5, "≤1.5 s")),
     Row("rss.idle", "server RSS idle after start (MB)", "mb", ("abs", "<=", 80, "≤80 MB")),
@@ -924,7 +926,7 @@ def measure_http(servers: dict[str, Server], plan: Plan, res: Results) -> None:
                 continue
             spec = {"mode": "http", "route": route, "port": server.port, "server_pid": server.proc.pid,
                     "duration": plan.duration, "warmup": plan.warmup, "max_steps": plan.max_steps()}
-            res.add_phase(f"http.{route}", name, run_load(spec, timeout=plan.duration + 60), ("rate", "cpu"))
+            res.add_phase(f"http.{route}", name, run_load(spec, timeout=plan.duration + 60), ("rate", "cpu", "client_cpu"))
 
 
 def measure_memory(servers: dict[str, Server], plan: Plan, res: Results) -> None:

@@ -51,7 +51,8 @@ def _app_and_port(a: Namespace) -> tuple:
     obj, m = resolve(a.target)
     door = {k: v for k, v in dict(token=getattr(a, "token", None), allow_origins=getattr(a, "allow_origin", None),
             max_session_age=getattr(a, "max_session_age", None), max_connections=getattr(a, "max_connections", None),
-            max_body=getattr(a, "max_body", None), max_timeout_s=getattr(a, "max_timeout", None)).items() if v is not None}
+            max_body=getattr(a, "max_body", None), max_timeout_s=getattr(a, "max_timeout", None),
+            max_message_size=getattr(a, "max_message_size", None)).items() if v is not None}
     app = app_for(obj, m, _sessions(a, obj), a.session_timeout or None, web=True if a.web else None, **door)
     return app, a.port if a.port is not None else m.port if m is not None else 8000
 
@@ -205,6 +206,15 @@ def _sub(sub, # what `add_subparsers` returned
     p.set_defaults(func=fn)
     return p
 
+# %% ../nbs/07_cli.ipynb #aa5eb501
+def _positive(text: str # an option's value, as typed
+            ) -> int:
+    "`text` as a whole number of at least 1, for argparse (which prints the error as one line)."
+    try: n = int(text)
+    except ValueError: n = 0
+    if n < 1: raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return n
+
 # %% ../nbs/07_cli.ipynb #7c32ad86
 def _serve_parser(sub):
     "`openenv serve TARGET`."
@@ -228,7 +238,9 @@ def _serve_parser(sub):
                    "e.g. http://localhost:3000; repeat for more (also OPENENV_ALLOW_ORIGINS)")
     s.add_argument("--max-session-age", type=float, metavar="S", help="seconds a WebSocket session may last (default: no limit)")
     s.add_argument("--max-connections", type=int, metavar="N", help="WebSockets open at once, batch and pages included (default: max-sessions + 64)")
-    s.add_argument("--max-body", type=int, metavar="BYTES", help="largest HTTP request body (default: the frame limit, 1 MiB)")
+    s.add_argument("--max-body", type=int, metavar="BYTES", help="largest HTTP request body (default: the frame limit)")
+    s.add_argument("--max-message-size", type=_positive, metavar="CHARS", help="longest WebSocket text frame, in characters, up to 100 MB "
+                   "frames for large observations (default: $OPENENV_MAX_MESSAGE_SIZE, else 1 MiB)")
     s.add_argument("--max-timeout", type=float, metavar="S", help="longest timeout_s a step may ask for (default: the environment's own)")
     s.add_argument("--insecure-sandbox", action="store_true", help="serve coding even where the sandbox cannot give every guarantee "
                    "it promises (a warning in the log and in every observation); same as OPENENV_SANDBOX_INSECURE=1")

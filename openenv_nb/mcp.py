@@ -10,13 +10,14 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
            'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'within', 'server_tools', 'tool',
-           'MCPEnvironment', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request', 'RpcCall',
-           'mcp_result', 'rpc']
+           'new_episode_id', 'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error',
+           'parse_request', 'RpcCall', 'mcp_result', 'rpc']
 
 # %% ../nbs/01b_mcp.ipynb #a96caa8d
 import asyncio
 import inspect
 import json
+import os
 import re
 import types
 import typing
@@ -26,7 +27,7 @@ from enum import StrEnum
 from typing import Any, Awaitable, Callable, Literal
 from uuid import uuid4
 
-from fastcore.basics import patch
+from fastcore.basics import patch, patch_to
 from fastcore.docments import docments
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
@@ -402,6 +403,20 @@ def tool(fn: Callable | None = None, # the method
         return f
     return mark if fn is None else mark(fn)
 
+# %% ../nbs/01b_mcp.ipynb #00e59302
+_IDS: list[bytes] = []  # random bytes for episode ids, read from the OS 4 KiB at a time
+os.register_at_fork(after_in_child=_IDS.clear)  # a forked worker must not hand out its parent's ids
+
+def new_episode_id() -> str:
+    "A new random episode id: a version 4 UUID, as `str(uuid4())` writes it, its bytes from `os.urandom` 256 ids at a time."
+    try: b = bytearray(_IDS.pop())
+    except IndexError:
+        buf = os.urandom(4096)
+        _IDS.extend(buf[i:i + 16] for i in range(16, 4096, 16)); b = bytearray(buf[:16])
+    b[6], b[8] = b[6] & 0x0F | 0x40, b[8] & 0x3F | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
 # %% ../nbs/01b_mcp.ipynb #70c48633
 class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
     "An environment whose agent acts by calling tools, listed and called with `ListToolsAction` and `CallToolAction`."
@@ -413,20 +428,59 @@ class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
                  transform=None, # applied to every observation (see `Environment`)
                  rubric=None): # scores steps, where the environment uses one (see `Environment`)
         super().__init__(transform=transform, rubric=rubric)
-        self.mcp_server = mcp_server if mcp_server is not None else ToolSet(type(self).__name__)
-        self.toolset, self._state = ToolSet(type(self).__name__), State(episode_id=str(uuid4()), step_count=0)
-        for t in server_tools(self.mcp_server): self.toolset.add(t)
-        for attr, t in self._class_tools.values(): self.toolset.add(replace(t, fn=getattr(self, attr)))
+        if mcp_server is None: return  # `mcp_server` (a `ToolSet` of its own), `toolset` and `_state`: made on first use (below)
+        self.mcp_server = mcp_server
+        self.toolset = self._tools()  # a given server's tools are read now: a reserved name fails here
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
         "Start a new episode: a new id, no steps (tools themselves need no reset)."
-        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+        self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
         return self._apply_transform(Observation(reward=0.0))
 
     @property
     def state(self) -> State:
         "The episode's id and its step count; every step counts, tool steps too."
         return self._state
+
+# %% ../nbs/01b_mcp.ipynb #86c86901
+class lazy:
+    "An attribute computed by `fn(obj)` on first use and kept on the instance: `functools.cached_property` without its lock (3.11's)."
+    def __init__(self, fn: Callable): self.fn, self.name = fn, fn.__name__
+    def __set_name__(self, owner, name): self.name = name
+    def __get__(self, obj, cls=None):
+        if obj is None: return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+# %% ../nbs/01b_mcp.ipynb #06a3cc92
+@patch_to(MCPEnvironment)
+def _own_server(self) -> ToolSet:
+    "The `ToolSet` an environment gets when `__init__` was given no server: empty until `@self.tool()` adds to it."
+    return ToolSet(type(self).__name__)
+
+MCPEnvironment.mcp_server = lazy(MCPEnvironment._own_server)
+MCPEnvironment.mcp_server.__set_name__(MCPEnvironment, "mcp_server")
+
+# %% ../nbs/01b_mcp.ipynb #ad7cbedc
+@patch_to(MCPEnvironment)
+def _tools(self) -> ToolSet:
+    "Every tool of this environment: its server's, then its class's `@tool` methods bound to it."
+    ts = ToolSet(type(self).__name__)
+    for t in server_tools(self.mcp_server): ts.add(t)
+    for attr, t in self._class_tools.values(): ts.add(replace(t, fn=getattr(self, attr)))
+    return ts
+
+MCPEnvironment.toolset = lazy(MCPEnvironment._tools)
+MCPEnvironment.toolset.__set_name__(MCPEnvironment, "toolset")
+
+# %% ../nbs/01b_mcp.ipynb #158fd77e
+@patch_to(MCPEnvironment)
+def _new_state(self) -> State:
+    "The state before the first `reset`: a new episode id, no steps."
+    return State(episode_id=new_episode_id(), step_count=0)
+
+MCPEnvironment._state = lazy(MCPEnvironment._new_state)
+MCPEnvironment._state.__set_name__(MCPEnvironment, "_state")
 
 # %% ../nbs/01b_mcp.ipynb #9f9b33c5
 @patch(cls_method=True)
@@ -544,7 +598,7 @@ class MCPEchoEnvironment(MCPEnvironment):
 @patch
 def reset(self: MCPEchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
     "Start a new episode and say the tools are ready (`metadata={'status': 'ready'}`), as upstream's MCP echo does."
-    self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+    self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
     return self._apply_transform(Observation(reward=0.0, metadata={"status": "ready"}))
 
 # %% ../nbs/01b_mcp.ipynb #01f5f1cf

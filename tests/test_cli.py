@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -103,6 +104,26 @@ def test_serve_takes_a_project_its_manifest_and_a_module(tmp_path):
         assert url.endswith(f":{port}") and json.load(urllib.request.urlopen(f"{url}/metadata"))["name"] == "port_env"
     with serving("port_env.core:PortEnvironment", "--port", "0", cwd=tmp_path / "port_env") as url:  # from the current folder
         assert json.load(urllib.request.urlopen(f"{url}/schema"))["action"]["title"] == "PortAction"
+
+
+def test_serve_max_message_size_sets_the_frame_and_body_limits():
+    """`--max-message-size` is create_app's `max_message_size` (and so the default `--max-body`), as OPENENV_MAX_MESSAGE_SIZE."""
+    from websockets.sync.client import connect
+    with serving("echo", "--port", "0", "--max-message-size", "200") as url:
+        with connect(url.replace("http", "ws", 1) + "/ws") as ws:
+            ws.send(json.dumps({"type": "step", "data": {"message": "x" * 300}}))
+            err = json.loads(ws.recv())
+            assert err["type"] == "error" and "200" in err["data"]["message"], err
+            ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(ws.recv())["type"] == "observation"
+        big = urllib.request.Request(f"{url}/step", data=json.dumps({"action": {"message": "x" * 300}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e: urllib.request.urlopen(big)
+        assert e.value.code == 413
+        ok = urllib.request.Request(f"{url}/step", data=b'{"action": {"message": "hi"}}', headers={"Content-Type": "application/json"})
+        assert json.load(urllib.request.urlopen(ok))["observation"]["echoed_message"] == "hi"
+    r = openenv("serve", "echo", "--port", "0", "--max-message-size", "0", timeout=60)
+    assert r.returncode == 2 and "must be a whole number of at least 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name,why", [

@@ -246,12 +246,6 @@ def test_a_full_server_says_so_rather_than_dropping_the_connection():
 
 # ---------------------------------------------------------------- two doors: a gateway's Authorization and the server's token
 
-def _server_reads_token_header() -> bool:
-    """Whether our server takes its token from `X-OpenEnv-Token` too (the door check in `actions`)."""
-    from openenv_nb.actions import heads, offered_tokens
-    return offered_tokens(heads({"headers": [(b"x-openenv-token", b"t")]})) == [b"t"]
-
-
 def test_the_server_token_stays_in_authorization_when_it_is_free():
     """Today's wire: a token alone travels as `Authorization: Bearer`, on WebSocket and HTTP, and opens the server."""
     from openenv_nb.envs.echo import EchoEnvironment
@@ -272,8 +266,6 @@ def test_a_gateway_authorization_and_the_server_token_travel_side_by_side():
     gateway = {"Authorization": "Bearer hf_not_the_server_token"}
     env = EchoEnv("http://127.0.0.1:1", headers=gateway, token="s3cret")
     assert env.headers == {**gateway, "X-OpenEnv-Token": "s3cret"}  # what is sent, whatever the server
-    if not _server_reads_token_header():
-        pytest.skip("the server does not read X-OpenEnv-Token yet (actions.offered_tokens and heads: the lead's change)")
     with serve_in_thread(create_app(EchoEnvironment, token="s3cret")) as url:
         with EchoEnv(url, headers=gateway, token="s3cret").sync() as env: assert env.reset().observation.echoed_message
         with EchoHTTPEnv(url, headers=gateway, token="s3cret") as h: assert h.reset().observation.echoed_message

@@ -337,6 +337,24 @@ def test_sockets_want_the_token_in_a_header_or_a_subprotocol(locked_url):
     assert asyncio.run(handshake(page_url(locked_url), subprotocols=protocols(TOKEN)))["type"] == "snapshot"
 
 
+HUB = {"Authorization": "Bearer hf_the_hubs_own_token"}  # what a private Space's gateway reads; the server never sees its token
+
+
+@pytest.mark.parametrize("method,route", [("POST", "/reset"), ("POST", "/step"), ("GET", "/state"), ("POST", "/mcp")])
+def test_the_token_beside_a_hub_authorization(locked_url, method, route):
+    """`X-OpenEnv-Token` carries the server's token when `Authorization` belongs to the Hub: right, it opens; wrong, 401."""
+    body = {"action": {"message": "x"}} if route == "/step" else ({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+                                                                   if route == "/mcp" else None)
+    call = lambda **h: requests.request(method, locked_url + route, json=body, headers={**HUB, **h}, timeout=10)
+    assert call().status_code == 401
+    for wrong in (TOKEN[:-1], TOKEN + "x", "Bearer " + TOKEN):
+        r = call(**{"X-OpenEnv-Token": wrong})
+        assert r.status_code == 401 and "X-OpenEnv-Token" in r.json()["detail"]["message"], (route, wrong, r.text)
+    assert call(**{"X-OpenEnv-Token": TOKEN}).status_code == 200
+    assert asyncio.run(handshake(ws_url(locked_url), additional_headers={**HUB, "X-OpenEnv-Token": "nope"})) == 401
+    assert asyncio.run(handshake(ws_url(locked_url), additional_headers={**HUB, "X-OpenEnv-Token": TOKEN})) not in (401, 403)
+
+
 def test_openenv_token_turns_it_on_and_the_clients_read_it(monkeypatch):
     monkeypatch.delenv("OPENENV_TOKEN", raising=False)
     p = LocalProcessProvider("echo", max_sessions=4, env_vars={"OPENENV_TOKEN": TOKEN})  # `openenv serve echo`, no flag
@@ -363,6 +381,8 @@ def test_the_token_is_never_logged_nor_echoed(caplog):
     wrong = "wr0ng-" + TOKEN
     with serve_in_thread(create_app(EchoEnvironment, token=TOKEN), log_level="debug") as url:  # uvicorn logs every header
         replies = [requests.post(url + "/reset", headers={"Authorization": "Bearer " + t}, timeout=10).text for t in (TOKEN, wrong)]
+        replies += [requests.post(url + "/reset", headers={**HUB, "X-OpenEnv-Token": t}, timeout=10).text for t in (TOKEN, wrong)]
+        replies.append(str(asyncio.run(handshake(ws_url(url), additional_headers={**HUB, "X-OpenEnv-Token": wrong}))))
         replies.append(str(asyncio.run(handshake(ws_url(url), subprotocols=protocols(wrong)))))
         replies.append(str(asyncio.run(handshake(ws_url(url), subprotocols=protocols(TOKEN)))))
         with EchoEnv(url, token=TOKEN).sync() as env: replies.append(env.reset().observation.echoed_message)

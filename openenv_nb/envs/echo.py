@@ -8,14 +8,12 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/echo.html.md"""
 __all__ = ['ECHO_TASKS', 'EchoAction', 'EchoObservation', 'EchoEnvironment', 'EchoEnv', 'EchoHTTPEnv']
 
 # %% ../../nbs/envs/echo.ipynb #ac0c8ce1
-from uuid import uuid4
-
 from pydantic import Field
 
 from fastcore.basics import patch
 from ..client import EnvClient, HTTPEnvClient
 from ..environment import Environment
-from ..mcp import MCPEchoEnvironment, MCPEnvironment
+from ..mcp import MCPEchoEnvironment, MCPEnvironment, new_episode_id
 from ..types import Action, Observation, State
 
 
@@ -35,14 +33,10 @@ class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservatio
     "Echoes every message back (0.1 reward per character) as an `EchoAction` step, or through the tools `echo_message` and `echo_with_length`."
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self):
-        super().__init__()
-        self._state = State(episode_id=str(uuid4()), step_count=0)
-
     def reset(self, seed: int | None = None, episode_id: str | None = None, split: str | None = None,
               index: int | None = None, **kwargs) -> EchoObservation:
         task = None if split is None and index is None else self.get_task(split or "train", index or 0)
-        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+        self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
         if task is None: return EchoObservation(echoed_message="Echo environment ready!", message_length=0, reward=0.0)
         msg = task["message"]
         return EchoObservation(echoed_message=msg, message_length=len(msg), reward=0.0, metadata={"task": task})
