@@ -6,7 +6,8 @@ CartPole-v1 (by default) with 64 environments, random actions, auto-reset, in on
 - ours, VectorEnv, 1 server            batched frames (`batch.step` columns) over one WebSocket to one local server process
 - ours, VectorEnv, 1 server, typed     the same, actions and observations as pydantic models on the client
 - ours, VectorEnv, local default       batched frames to one server process per core
-- ours, floor                          1 server whose environment returns its last observation: the framework alone
+- ours, floor                          1 server whose environment returns its last observation (through the batch
+                                       hook, as Gymnasium's does): the framework alone
 - experiment, columnar                 one session holding a server-side SyncVectorEnv: lists in, lists out, one
                                        envelope per vector step (what a columnar batch message could reach)
 Each phase runs in a fresh process; `--repeat` runs every phase again (in turn) and the table gives the median with
@@ -36,10 +37,17 @@ if os.environ.get("BENCH_GYM_SPEC"):  # imported by a server as `bench_gym:Serve
     class Floor(Served):
         "The same classes and frames, no Gymnasium work per step: what the framework alone costs."
         async def reset_async(self, seed=None, episode_id=None, **kwargs):
+            from openenv_nb.types import to_envelope
             self.last = self.reset(seed=seed, episode_id=episode_id)
+            self.wire = to_envelope(self.last)["observation"]  # what the batch hook sends
             return self.last
 
         async def step_async(self, action, timeout_s=None, **kwargs): return self.last
+
+        @classmethod
+        async def step_batch_async(cls, envs, actions):  # the batch hook's path, with no Gymnasium work either
+            from openenv_nb.environment import Steps
+            return Steps([e.wire for e in envs], [e.last.reward for e in envs], [False] * len(envs), [None] * len(envs))
 
     from openenv_nb.envs.gym import gym_types, InlineGymEnvironment
     from openenv_nb.types import Action, Observation, State

@@ -7,9 +7,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/actions.html.md"""
 # %% auto #0
 __all__ = ['PROTOCOL', 'BEARER', 'SAFE', 'OPEN', 'QUICK_S', 'QUICK_RUNS', 'RUBRIC_KEY', 'KINDS', 'ENVELOPE', 'MESSAGES',
            'accepted', 'call_env', 'origin_of', 'own_origins', 'offered_tokens', 'Doors', 'heads', 'chosen_protocol',
-           'Hub', 'invalid', 'raised', 'factory_error', 'at_capacity', 'Kind', 'step_limit', 'act', 'http_reply',
-           'HTTPError', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'McpMsg', 'loads', 'dumps', 'decode',
-           'unreadable', 'reply', 'next_message']
+           'Hub', 'invalid', 'raised', 'factory_error', 'at_capacity', 'Kind', 'step_limit', 'Checked', 'act',
+           'http_reply', 'HTTPError', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'McpMsg', 'decode', 'unreadable',
+           'reply', 'next_message']
 
 # %% ../nbs/01a_actions.ipynb #6f441b6c
 import asyncio
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from types import FunctionType, MethodType
-from typing import Any, Awaitable, Callable, Iterable, Literal
+from typing import Any, Awaitable, Callable, Iterable, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import orjson
@@ -104,9 +104,10 @@ PROTOCOL, BEARER = "openenv", "openenv.bearer."  # the subprotocol a page asks f
 
 def offered_tokens(h: dict # headers by lowercase name
                   ) -> list[bytes]:
-    "The tokens the headers `h` offer: `Authorization: Bearer ...`, and `openenv.bearer.BASE64URL` subprotocols."
+    "The tokens the headers `h` offer: `Authorization: Bearer ...`, `X-OpenEnv-Token`, and `openenv.bearer.BASE64URL` subprotocols."
     scheme, _, value = h.get("authorization", "").partition(" ")
     out = [value.strip().encode("latin-1")] if scheme.lower() == "bearer" and value.strip() else []
+    if t := h.get("x-openenv-token", "").strip(): out.append(t.encode("latin-1"))
     for p in h.get("sec-websocket-protocol", "").split(","):
         if (p := p.strip()).startswith(BEARER) and (b := p[len(BEARER):]):
             with contextlib.suppress(ValueError, binascii.Error):
@@ -158,10 +159,10 @@ OPEN = frozenset({"/", "/health", "/web", "/web/"})  # answered without a token:
 def heads(scope: dict # an ASGI scope
          ) -> dict[str, str]:
     "The headers of `scope` the doors read, by lowercase name."
-    return {k.decode(): v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _HEADS}
+    return {_HEADS[k]: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _HEADS}
 
-_HEADS = {b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto", b"authorization", b"sec-websocket-protocol",
-          b"content-length", b"content-type", b"x-openenv-extensions", b"mcp-protocol-version"}  # the last three: for the HTTP fast path
+_HEADS = {n: n.decode() for n in (b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto", b"authorization", b"x-openenv-token",
+          b"sec-websocket-protocol", b"content-length", b"content-type", b"x-openenv-extensions", b"mcp-protocol-version")}  # the last three: for the HTTP fast path
 
 # %% ../nbs/01a_actions.ipynb #62d62f3d
 @patch_to(Doors)
@@ -175,8 +176,8 @@ def refusal(self, scope: dict, # the ASGI scope of a request or WebSocket handsh
         return 403, "FORBIDDEN_ORIGIN", (f"Origin {h['origin'][:200]!r} may not call this server: only its own pages may, and the "
                 "origins it was told to allow (create_app(allow_origins=...), --allow-origin or OPENENV_ALLOW_ORIGINS)")
     if not (ws or scope.get("method") not in SAFE or scope.get("path") not in OPEN) or self.authorized(h): return None
-    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' (the clients take "
-                                 "token= or read OPENENV_TOKEN)")
+    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' (or 'X-OpenEnv-Token: "
+                                 "TOKEN' when Authorization is taken; the clients take token= or read OPENENV_TOKEN)")
 
 # %% ../nbs/01a_actions.ipynb #902b95b2
 def chosen_protocol(ws # a WebSocket about to be accepted
@@ -364,17 +365,22 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# %% ../nbs/01a_actions.ipynb #a8b63997
+class Checked(NamedTuple):
+    "A call's data that its kind's `check` already made into arguments: `act` runs it as is."
+    args: Any # what `KINDS[kind].check` returned
+
 # %% ../nbs/01a_actions.ipynb #374ea3a5
 async def act(hub: Hub, # the server's shared state
               env: Environment | Callable[[], Awaitable[Environment]], # the environment, or a coroutine function making it
               kind: str, # a key of `KINDS`
-              data: dict, # the call's data, as sent
+              data: dict, # the call's data, as sent (or `Checked`: already checked)
               metadata: bool = False, # unused: the envelope always carries the metadata, as OpenEnv 0.10's does
               **extra # more keyword arguments for the environment's method (e.g. `timeout_s`)
              ) -> dict:
     "The action path: the reply or error frame to one `kind` call with `data` on `env`; it never raises."
     if (k := KINDS.get(kind)) is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}")
-    try: args = k.check(hub, data)
+    try: args = data.args if type(data) is Checked else k.check(hub, data)
     except ValidationError as e: return invalid(k.invalid.format(action=hub.action_cls.__name__), e)
     if isinstance(env, (FunctionType, MethodType)) and not k.lazy:  # a coroutine function that makes the environment
         try: env = await env()
@@ -439,22 +445,8 @@ class McpMsg(_Msg):
 MESSAGES = {"reset": ResetMsg, "step": StepMsg, "state": StateMsg, "close": CloseMsg, "mcp": McpMsg}
 
 
-# %% ../nbs/01a_actions.ipynb #290b606a
-_LONG, _LONG_B = re.compile(r"[0-9]{19}"), re.compile(rb"[0-9]{19}")  # integers orjson may read as floats
-
-def loads(text: str | bytes # JSON text
-         ) -> Any:
-    "`json.loads(text)`, computed by orjson wherever that gives the same result; `json`'s result or error otherwise."
-    if (_LONG if isinstance(text, str) else _LONG_B).search(text) is None:
-        with contextlib.suppress(orjson.JSONDecodeError): return orjson.loads(text)
-    return json.loads(text)
-
-# %% ../nbs/01a_actions.ipynb #a2a75964
-def dumps(obj: Any # what to write: dicts, lists, strings, numbers, `None`
-         ) -> bytes:
-    "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson when it can, else by `json`."
-    try: return orjson.dumps(obj)
-    except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+# %% ../nbs/01a_actions.ipynb #fcc08ae5
+from .types import dumps, loads
 
 # %% ../nbs/01a_actions.ipynb #cb0f9211
 def _valid_id(rid) -> bool:

@@ -34,7 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMes
 
 from .providers import DockerProvider, LocalProcessProvider
 from .types import Action, EnvConnectionError, EnvServerError, EnvTimeoutError, Observation, State
-from .types import StepResult, from_envelope, type_args
+from .types import StepResult, dumps, from_envelope, loads, type_args
 
 # %% ../nbs/03_client.ipynb #779e5e46
 def ws_url(base_url: str # `http(s)://...` or `ws(s)://...`, with or without a trailing `/ws`
@@ -323,7 +323,7 @@ def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
 async def _receive(self: EnvClient, rid: int | None) -> dict:
     "The next reply, or the one for request `rid`."
     while True:
-        reply = json.loads(await self._ws.recv())
+        reply = loads(await self._ws.recv(decode=False))  # the text's UTF-8 bytes, read by `loads` (orjson) without decoding
         if rid is None or reply.get("id") == rid: return reply
         if "id" not in reply and reply.get("type") == "error": return reply
 
@@ -334,7 +334,7 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
     kind, rid = msg["type"], None
     if "request-id" in self.extensions: self._seq += 1; rid = msg["id"] = self._seq
     try:
-        try: await self._ws.send(json.dumps(msg))
+        try: await self._ws.send(dumps(msg).decode())
         except ConnectionClosed: pass  # closed already: a frame sent before the close is still read below
         async with asyncio.timeout(self._message_timeout): return await self._receive(rid)
     except ConnectionClosed as e: raise self._dropped(e, kind) from None

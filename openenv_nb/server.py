@@ -7,11 +7,11 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 # %% auto #0
 __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'HOT', 'listed', 'Op', 'BatchOpenMsg', 'BatchMsg',
            'BatchCloseMsg', 'BatchStepMsg', 'BatchResetMsg', 'Session', 'gather_eager', 'check_all', 'run_checked',
-           'as_columns', 'serve_session', 'attach', 'ws_endpoint', 'one_shot', 'Health', 'Schemas', 'add_info_routes',
-           'http_reset', 'http_step', 'http_state', 'add_http_routes', 'fast_body', 'hot_reply', 'send_empty',
-           'respond', 'session_create', 'session_close', 'reap_idle', 'reaper', 'rpc_once', 'mcp', 'http_mcp',
-           'mcp_socket', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError', 'server_mode', 'default_capacity',
-           'message_limit', 'serve_tools', 'preflight', 'create_app', 'bind', 'LogGuard', 'transport_limit',
+           'as_columns', 'run_together', 'serve_session', 'attach', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
+           'add_info_routes', 'http_reset', 'http_step', 'http_state', 'add_http_routes', 'fast_body', 'hot_reply',
+           'send_empty', 'respond', 'session_create', 'session_close', 'reap_idle', 'reaper', 'rpc_once', 'http_mcp',
+           'mcp', 'mcp_socket', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError', 'server_mode', 'default_capacity',
+           'message_limit', 'serve_tools', 'preflight', 'App', 'create_app', 'bind', 'LogGuard', 'transport_limit',
            'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
@@ -96,6 +96,7 @@ class BatchCloseMsg(BaseModel, extra="forbid"):
 import functools
 from pydantic import TypeAdapter, ValidationError, model_validator
 from .actions import KINDS, _log, invalid, raised
+from .environment import Steps, batch_hook
 
 # %% ../nbs/02_server.ipynb #4c2d7c53
 def _aligned(envs: list[int], # environment ids
@@ -299,14 +300,16 @@ async def run_checked(hub: Hub, # the server's shared state
         return raised(e)
 
 # %% ../nbs/02_server.ipynb #7e4c814d
-def as_columns(frames: list[dict] # one reply or error frame per environment
+def as_columns(frames: list[dict | None] # one reply or error frame per environment; `None`: an entry left empty (for a batch hook to fill)
               ) -> dict:
     "The `batch.results` frame of `frames`: observations, rewards, dones and errors, an entry per environment."
-    ds = [(f["type"] != "error", f["data"]) for f in frames]
-    return {"type": "batch.results", "data": {"observations": [d["observation"] if ok else None for ok, d in ds],
-                                              "rewards": [d["reward"] if ok else None for ok, d in ds],
-                                              "dones": [d["done"] if ok else False for ok, d in ds],
-                                              "errors": [None if ok else d for ok, d in ds]}}
+    n = len(frames)
+    obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
+    for k, f in enumerate(frames):
+        if f is None: continue
+        if f["type"] == "error": errors[k] = f["data"]
+        else: d = f["data"]; obs[k], rewards[k], dones[k] = d["observation"], d["reward"], d["done"]
+    return {"type": "batch.results", "data": {"observations": obs, "rewards": rewards, "dones": dones, "errors": errors}}
 
 # %% ../nbs/02_server.ipynb #c76b9a7f
 @patch_to(Session)
@@ -321,14 +324,59 @@ def _plan(self, m: BaseModel) -> tuple[list, list, list]:
     args, errors = map(iter, check_all(hub, "step", [a for a, r in zip(d.actions, again) if not r]))
     return ["reset" if r else "step" for r in again], [{} if r else next(args) for r in again], [None if r else next(errors) for r in again]
 
+# %% ../nbs/02_server.ipynb #ace2fa33
+async def run_together(hub: Hub, # the server's shared state
+                       envs: list[Environment], # the environments to call
+                       kind: str, # `"step"` or `"reset"` (with no arguments)
+                       actions: list | None = None # the checked actions, for `"step"`
+                      ) -> Steps | None:
+    "The `Steps` of `envs` from their class's `kind` batch hook; `None` unless all are of one class with one and none has a rubric."
+    cls = type(envs[0])
+    if (hook := batch_hook(cls, kind)) is None or any(type(e) is not cls or e.rubric is not None for e in envs): return None
+    fn, on_loop = hook
+    call = partial(fn, envs) if actions is None else partial(fn, envs, actions)
+    try: return await call() if on_loop else await asyncio.get_running_loop().run_in_executor(hub.pool, call)
+    except (Exception, SystemExit) as e: return Steps([None] * len(envs), [None] * len(envs), [False] * len(envs), [e] * len(envs))
+
+# %% ../nbs/02_server.ipynb #98a22c1e
+def _put(cols: dict, # the `data` of a `batch.results` frame
+         at: list[int], # the positions of the stepped environments
+         steps: Steps, # what the hook gave for them
+         envs: list # the environment at each position (for the log)
+        ) -> None:
+    "Write `steps` into `cols` at positions `at`: an exception becomes that entry's `EXECUTION_ERROR`, logged as `run_checked` logs one."
+    for n, o, r, d, e in zip(at, *steps):
+        if e is None: cols["observations"][n], cols["rewards"][n], cols["dones"][n] = o, r, d
+        else:
+            _log.warning("%s raised in step", type(envs[n]).__name__, exc_info=e)
+            cols["errors"][n] = raised(e)["data"]
+
+# %% ../nbs/02_server.ipynb #886bb31c
+@patch_to(Session)
+async def _together(self, kind: str, # `"step"` or `"reset"`
+                    at: list[int], # positions of the environments to call
+                    envs: list, args: list # every position's environment and checked arguments
+                   ) -> tuple[list[int], Steps] | None:
+    "`(at, Steps)` of the environments at `at` through their class's `kind` hook; `None` where there is none (or nothing to call)."
+    if not at: return None
+    steps = await run_together(self.hub, [envs[n] for n in at], kind, [args[n] for n in at] if kind == "step" else None)
+    return None if steps is None else (at, steps)
+
 # %% ../nbs/02_server.ipynb #98a181d6
 @patch_to(Session)
 async def act_columns(self, m: BaseModel) -> dict:
-    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call through the action path, in one frame."
+    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call through the action path (or its class's batch hook), in one frame."
     kinds, args, errors = self._plan(m)
     envs = [self.envs.get(i) for i in m.data.envs]
-    ran = iter(await gather_eager([run_checked(self.hub, env, k, a) for env, k, a, e in zip(envs, kinds, args, errors) if env is not None and e is None]))
-    return as_columns([_unknown_env(i) if env is None else e or next(ran) for i, env, e in zip(m.data.envs, envs, errors)])
+    frames = [_unknown_env(i) if env is None else e for i, env, e in zip(m.data.envs, envs, errors)]
+    live = [n for n, f in enumerate(frames) if f is None]
+    hooked = [h for kind in ("step", "reset") if (h := await self._together(kind, [n for n in live if kinds[n] == kind and not (kind == "reset" and args[n])], envs, args))]
+    done = {n for at, _ in hooked for n in at}
+    each = [n for n in live if n not in done]
+    for n, f in zip(each, await gather_eager([run_checked(self.hub, envs[n], kinds[n], args[n]) for n in each])): frames[n] = f
+    out = as_columns(frames)
+    for at, steps in hooked: _put(out["data"], at, steps, envs)
+    return out
 
 # %% ../nbs/02_server.ipynb #666e4da2
 async def _send(ws: WebSocket, frame: dict): await ws.send_text(dumps(frame).decode())
@@ -533,8 +581,8 @@ def fast_body(model: type[BaseModel], # the route's body model
     "`raw` checked by `model` where FastAPI would read it alike and accept it; `None` leaves the request to FastAPI."
     if not raw: return model() if optional else None
     if ctype is None or ctype.partition(";")[0].strip().lower() != "application/json": return None
-    try: return model.model_validate(loads(raw))
-    except Exception: return None
+    try: return model.model_validate_json(raw)  # pydantic's own JSON reader: no dict made first
+    except Exception: return None  # FastAPI's error (and its reading of odd JSON: `NaN`, lone surrogates) stays FastAPI's
 
 # %% ../nbs/02_server.ipynb #165a19c6
 HOT = {("POST", "/reset"): (ResetRequest, True, http_reset), ("POST", "/step"): (StepRequest, False, http_step),
@@ -668,13 +716,6 @@ async def rpc_once(hub: Hub, # the server's shared state
     return frame["data"] if frame["type"] == "mcp" else rpc_error(None, INTERNAL_ERROR, frame["data"]["message"])
 
 
-# %% ../nbs/02_server.ipynb #f8d46c42
-async def mcp(request: Request) -> Response:
-    "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, `openenv/session/create|close`, MCP's own)."
-    content, status = await http_mcp(request.app.state.hub, await request.body(), request.headers.get("mcp-protocol-version"))
-    return Response(status_code=status) if content is None else JSONResponse(content, status)
-
-
 # %% ../nbs/02_server.ipynb #9e63d228
 async def http_mcp(hub: Hub, # the server's shared state
                    body: bytes, # one JSON-RPC message, as received
@@ -685,6 +726,13 @@ async def http_mcp(hub: Hub, # the server's shared state
     return (None, 202) if reply is None else (reply, 200)
 
 HOT[("POST", "/mcp")] = (bytes, True, http_mcp)  # any body and content type: `rpc_once` reads it
+
+# %% ../nbs/02_server.ipynb #f8d46c42
+async def mcp(request: Request) -> Response:
+    "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, `openenv/session/create|close`, MCP's own)."
+    content, status = await http_mcp(request.app.state.hub, await request.body(), request.headers.get("mcp-protocol-version"))
+    return Response(status_code=status) if content is None else JSONResponse(content, status)
+
 
 # %% ../nbs/02_server.ipynb #6345803b
 async def mcp_socket(ws: WebSocket):
@@ -890,6 +938,36 @@ def preflight(cls: type | None # the environment class a server is about to serv
     check = getattr(cls, "preflight", None)
     if callable(check): check()
 
+# %% ../nbs/02_server.ipynb #1afbbc18
+class App(FastAPI):
+    "The app `create_app` makes: FastAPI, with a `Guard` in front that answers the hot routes before FastAPI's own layers."
+    _front: Guard | None = None  # made on the first request, from the `Guard` middleware's own settings
+    _traced, _traced_until = True, 0.0  # FastAPI's telemetry on, as last read, and until when that reading holds
+
+# %% ../nbs/02_server.ipynb #ecc90d2e
+@patch_to(App)
+def front(self) -> Guard:
+    "The `Guard` in front of the app: the middleware's `hub` and `fast` routes, handing all it does not answer to FastAPI."
+    if self._front is None: self._front = Guard(partial(FastAPI.__call__, self), **next(m.kwargs for m in self.user_middleware if m.cls is Guard))
+    return self._front
+
+# %% ../nbs/02_server.ipynb #11e2b8e2
+@patch_to(App)
+def traced(self) -> bool:
+    "Whether FastAPI's telemetry records requests: read at most once a second (asking costs about as much as a `/state`)."
+    if (now := time.monotonic()) >= self._traced_until:
+        self._traced, self._traced_until = self._native_telemetry.enabled(), now + 1.0
+    return self._traced
+
+# %% ../nbs/02_server.ipynb #5cbc8c2b
+@patch_to(App)
+async def __call__(self, scope, receive, send):
+    "A request to a hot route goes to `front` (unless FastAPI's telemetry records requests, or the app is mounted); the rest to FastAPI."
+    if scope["type"] == "http" and (scope["method"], scope["path"]) in (front := self._front or self.front()).fast and \
+       not self.root_path and not scope.get("root_path") and not self.traced():
+        return await front(scope, receive, send)
+    await FastAPI.__call__(self, scope, receive, send)
+
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
                action_cls: type[Action] | None = None, # defaults to the one the environment declares
@@ -911,7 +989,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
                reset_observation_cls: type[Observation] | None = None, # what `reset` returns, for `/schema`; `None`: the observation class
                mode: str | None = None, # `simulation` or `production` (no `/reset`, `/step`, `/state`); `None` reads `OPENENV_MODE`
               ) -> FastAPI:
-    "A FastAPI app serving `env` over HTTP and `/ws`."
+    "A FastAPI app (an `App`) serving `env` over HTTP and `/ws`."
     mode, max_concurrent_envs = server_mode(mode), default_capacity(env, max_concurrent_envs)
     max_message_size = message_limit(max_message_size)
     cls, action_cls, observation_cls, _ = _classes(env, action_cls, observation_cls, max_concurrent_envs)
@@ -920,7 +998,7 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size))
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
-    app = FastAPI(title=f"openenv-nb: {env_name or name}", version="1.0.0",
+    app = App(title=f"openenv-nb: {env_name or name}", version="1.0.0",
                   description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan)
     app.state.hub = hub
     serve_tools(hub, cls, env_name, reset_observation_cls)

@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/types.html.md"""
 # %% auto #0
 __all__ = ['ObsT', 'Action', 'Observation', 'State', 'EnvironmentMetadata', 'ResetRequest', 'StepRequest', 'to_envelope',
            'Envelope', 'StepResult', 'from_envelope', 'ErrorCode', 'error_frame', 'OpenEnvError', 'EnvConnectionError',
-           'EnvTimeoutError', 'EnvServerError', 'type_args']
+           'EnvTimeoutError', 'EnvServerError', 'type_args', 'loads', 'dumps']
 
 # %% ../nbs/00_types.ipynb #7cd51037
 import json
@@ -171,3 +171,33 @@ def type_args(cls: type, # a class that subclasses `base[...]` somewhere
                 args = typing.get_args(b)
                 if args and all(isinstance(a, type) for a in args): return args
     return ()
+
+# %% ../nbs/00_types.ipynb #a3bbedbe
+import contextlib
+import orjson
+
+# %% ../nbs/00_types.ipynb #dc4f5ea1
+_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
+_RUN = b"0" * 19
+
+def _long_int(raw: bytes # JSON text, as UTF-8
+             ) -> bool:
+    "Whether `raw` may hold an integer of 19 digits or more: a run of 19 digits with no digit or `.` before it."
+    t = raw.translate(_DIGITS)
+    return t.startswith(_RUN) or b" " + _RUN in t
+
+# %% ../nbs/00_types.ipynb #7dc7cdf6
+def loads(text: str | bytes # JSON text
+         ) -> Any:
+    "`json.loads(text)`, computed by orjson wherever that gives the same result; `json`'s result or error otherwise."
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if not _long_int(raw):
+        with contextlib.suppress(orjson.JSONDecodeError): return orjson.loads(raw)
+    return json.loads(text)
+
+# %% ../nbs/00_types.ipynb #8c90039e
+def dumps(obj: Any # what to write: dicts, lists, strings, numbers, `None`
+         ) -> bytes:
+    "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson when it can, else by `json`."
+    try: return orjson.dumps(obj)
+    except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

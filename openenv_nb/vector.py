@@ -9,16 +9,13 @@ __all__ = ['ObsT', 'ActT', 'StateT', 'VectorResult', 'VectorEnv', 'spread', 'Tra
 
 # %% ../nbs/09_vector.ipynb #34dc404f
 import asyncio
-import contextlib
 import functools
 import inspect
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-import orjson
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from pydantic import TypeAdapter
@@ -30,26 +27,6 @@ from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
 class _Link(EnvClient):
     "One batch connection to one server, owning some of a `VectorEnv`'s environments."
     wanted = ("request-id", "metadata", "batch")
-
-# %% ../nbs/09_vector.ipynb #7092a137
-_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
-
-def _loads(data: bytes | str # a JSON text
-          ) -> Any:
-    "`json.loads(data)`, read by orjson unless `data` holds an integer that orjson might not read exactly."
-    raw = data.encode() if isinstance(data, str) else data
-    if b" 0000000000000000000" not in raw.translate(_DIGITS):
-        with contextlib.suppress(orjson.JSONDecodeError): return orjson.loads(raw)
-    return json.loads(raw)
-
-# %% ../nbs/09_vector.ipynb #ff9e6acb
-@patch
-async def _receive(self: _Link, rid: int | None) -> dict:
-    "The next reply, or the one for request `rid` (as `EnvClient._receive`, read with `_loads`)."
-    while True:
-        reply = _loads(await self._ws.recv(decode=False))
-        if rid is None or reply.get("id") == rid: return reply
-        if "id" not in reply and reply.get("type") == "error": return reply
 
 # %% ../nbs/09_vector.ipynb #46b21cfd
 @patch
@@ -129,6 +106,7 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
         self._links: list[_Link] = []
         self._where: list[tuple[int, int]] = []  # environment index -> (link, environment id there)
         self._needs_reset = [False] * num_envs
+        self._spans: dict[tuple, dict] = {}  # see `_groups`
 
 # %% ../nbs/09_vector.ipynb #ca02076c
 @patch(as_prop=True)
@@ -169,6 +147,7 @@ async def connect(self: VectorEnv) -> VectorEnv:
         raise
     self._links = links
     self._where = [(k, i) for k, group in enumerate(ids) for i in group]
+    self._spans = {}  # `_groups`, remembered: which link holds an environment is fixed from here on
     return self
 
 # %% ../nbs/09_vector.ipynb #e329d09f
@@ -192,10 +171,13 @@ def _episode_lost(i: int, # the environment's index
 @patch
 def _groups(self: VectorEnv, envs: list[int] # environment indices
            ) -> dict[int, list[int] | range]:
-    "The positions in `envs` of each link's environments (ranges when they are contiguous, as for all of them in order)."
+    "The positions in `envs` of each link's environments (ranges when they are contiguous, as for all of them in order), remembered per `envs`."
+    if (known := self._spans.get(key := tuple(envs))) is not None: return known
     by_link: dict[int, list[int]] = {}
     for n, i in enumerate(envs): by_link.setdefault(self._where[i][0], []).append(n)
-    return {k: range(ns[0], ns[-1] + 1) if ns[-1] - ns[0] + 1 == len(ns) else ns for k, ns in by_link.items()}
+    if len(self._spans) >= 256: self._spans.clear()  # a rollout's shrinking sets: keep a few
+    self._spans[key] = {k: range(ns[0], ns[-1] + 1) if ns[-1] - ns[0] + 1 == len(ns) else ns for k, ns in by_link.items()}
+    return self._spans[key]
 
 # %% ../nbs/09_vector.ipynb #befa1f04
 @patch
@@ -251,7 +233,8 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
         except EnvConnectionError as e: res = [_episode_lost(envs[n], e) for n in ns]
         except (TimeoutError, EnvServerError) as e: res = e
         self._place(out, ns, envs, k, res)
-    await asyncio.gather(*[run(k, ns) for k, ns in self._groups(envs).items()])
+    runs = [run(k, ns) for k, ns in self._groups(envs).items()]
+    await (runs[0] if len(runs) == 1 else asyncio.gather(*runs))  # one server: no task to schedule
     return out
 
 # %% ../nbs/09_vector.ipynb #5b53bd41

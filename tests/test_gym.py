@@ -1,6 +1,7 @@
 """Gymnasium environments served: space types, bad actions, seeded determinism, terminated/truncated, frames, and
 `VectorEnv` against Gymnasium's own `SyncVectorEnv`."""
 import base64
+import json
 import io
 import re
 from typing import Annotated
@@ -70,7 +71,7 @@ def test_space_type_round_trips_samples_and_names_the_space(kind):
         assert np.array_equal(np.asarray(jsonable(back), dtype=object), np.asarray(jsonable(x), dtype=object)) if kind != "Dict" and kind != "nested" \
             else jsonable(back) == jsonable(x)
     with pytest.raises(ValidationError) as e: ta.validate_python(OUTSIDE[kind])
-    assert f"is not in {space}" in str(e.value)
+    assert f"is not in {space}" in str(e.value)  # `Input is not in Discrete(5): ...` for a Discrete, `VALUE is not in SPACE: ...` for the others
 
 
 def test_schemas_carry_bounds_shape_and_types():
@@ -139,7 +140,7 @@ def test_bad_actions_name_the_space_and_the_session_goes_on(served):
     import requests
     url = served["FrozenLake-v1"]
     r = requests.post(f"{url}/step", json={"action": {"action": 4}}, timeout=10)
-    assert r.status_code == 422 and "4 is not in Discrete(4)" in r.json()["detail"][0]["msg"]
+    assert r.status_code == 422 and "is not in Discrete(4)" in r.json()["detail"][0]["msg"] and r.json()["detail"][0]["input"] == 4
     env = GymEnv(url).sync()  # untyped: the action goes out unchecked, and the server refuses it
     with env:
         env.reset(seed=0)
@@ -254,3 +255,39 @@ def test_from_local_serves_gym_targets_in_a_subprocess():
             env.reset(seed=0)
             assert [env.step(GymAction(action=a)).observation.obs for a in (2, 2, 1)] == [1, 2, 6]
     finally: p.stop()
+
+
+def columns_of(cls, env_id: str, n: int = 6, steps: int = 40) -> list[str]:
+    "The raw `batch.results` frames of one served run of `cls`: seeded resets, steps with auto-reset, a bad action and an unknown id."
+    from websockets.sync.client import connect
+    space = gym.make(env_id).action_space
+    plan = np.random.default_rng(3).integers(space.start, space.start + space.n, (steps, n)).tolist()
+    out, resets = [], []
+    with serve_in_thread(create_app(cls, max_concurrent_envs=n)) as url, \
+         connect(url.replace("http", "ws") + "/ws", additional_headers={"x-openenv-extensions": "batch"}) as ws:
+        ask = lambda frame: (ws.send(json.dumps(frame)), ws.recv())[1]
+        ids = json.loads(ask({"type": "batch.open", "data": {"count": n}}))["data"]["envs"]
+        out.append(ask({"type": "batch.reset", "data": {"envs": ids, "seeds": list(range(7, 7 + n))}}))
+        for k, row in enumerate(plan):
+            actions = [{"action": a} for a in row]
+            if k == 5: actions[2] = {"action": int(space.start + space.n)}  # outside the space: that entry fails alone
+            envs = ids + [99] if k == 9 else ids  # an id the connection does not hold
+            out.append(ask({"type": "batch.step", "data": {"envs": envs, "actions": actions + [{"action": 0}] * (len(envs) - n), "resets": resets}}))
+            resets = [i for i, d in zip(ids, json.loads(out[-1])["data"]["dones"]) if d]
+    return out
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "FrozenLake-v1", "Blackjack-v1", "Taxi"])
+@pytest.mark.parametrize("inline", [True, False])
+def test_batch_hooks_on_and_off_give_the_same_frames(env_id, inline):
+    env_id = taxi() if env_id == "Taxi" else env_id
+    hooked = gym_env(env_id, inline=inline)
+    plain = type("OneByOne", (hooked,), dict.fromkeys(["step_batch", "step_batch_async", "reset_batch", "reset_batch_async"]))  # no hooks: one by one
+    from openenv_nb.environment import batch_hook
+    assert all(batch_hook(hooked, k) is not None and batch_hook(plain, k) is None for k in ("step", "reset"))
+    a, b = columns_of(hooked, env_id), columns_of(plain, env_id)
+    assert a == b  # byte for byte
+    frames = [json.loads(f)["data"] for f in a]
+    assert any(any(f["dones"]) for f in frames) or env_id.startswith("Taxi")  # episodes end (Taxi's run past 40 steps)
+    assert frames[6]["errors"][2]["code"] == "VALIDATION_ERROR"
+    assert frames[10]["errors"][-1]["code"] == "VALIDATION_ERROR" and all(e is None for e in frames[10]["errors"][:-1])

@@ -25,11 +25,12 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WrapValidator, create_model
+from pydantic_core import core_schema
 from typing_extensions import TypedDict
 
 from ..client import EnvClient
-from ..environment import Environment, join_spec, split_spec
-from ..types import Action, EnvironmentMetadata, Observation, State
+from ..environment import Environment, Steps, join_spec, split_spec
+from ..types import Action, EnvironmentMetadata, Observation, State, to_envelope
 
 # %% ../../nbs/envs/gym.ipynb #26471dfe
 def nested(item, # the type of one element
@@ -122,12 +123,20 @@ def _why(e: ValidationError) -> str:
     "The first three complaints of `e`, each with where it is."
     return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'value'}: {d['msg']}" for d in e.errors()[:3])
 
+# %% ../../nbs/envs/gym.ipynb #22473a26
+class _Named:
+    "Pydantic metadata: every error of the type it annotates becomes one error with `message`, raised in pydantic's core."
+    def __init__(self, message: str): self.message = message
+    def __get_pydantic_core_schema__(self, source, handler):
+        return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space", custom_error_message=self.message)
+
 # %% ../../nbs/envs/gym.ipynb #c23434d6
 EXACT = (spaces.Discrete, spaces.MultiBinary)  # spaces whose type says all: `contains` would only repeat it, slowly
 
 def in_space(space: spaces.Space # the space values must belong to
-            ) -> WrapValidator:
+            ) -> WrapValidator | _Named:
     "A validator for `space_type(space)` that also asks `space.contains` (where the type does not say all), naming `space` in every error."
+    if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer from {space.start} to {space.start + space.n - 1}")
     exact = isinstance(space, EXACT)
     def check(v, handler):
         try: out = handler(v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v)
@@ -296,6 +305,89 @@ def runs_inline(env_id: str, # a registered id
     "Whether a server should step `env_id` on its event loop rather than in its thread pool."
     ep = gym.spec(env_id).entry_point
     return render_mode is None and isinstance(ep, str) and ep.startswith(QUICK)
+
+# %% ../../nbs/envs/gym.ipynb #081953b2
+def _natives(space: spaces.Space, # the action space they share
+             actions: list # checked actions, one per environment
+            ) -> list | np.ndarray:
+    "The actions as Gymnasium takes them, as `to_native` makes them: in one pass for a `Discrete` space."
+    if isinstance(space, spaces.Discrete): return np.asarray([a.action for a in actions], dtype=space.dtype)
+    return [to_native(space, a.action) for a in actions]
+
+# %% ../../nbs/envs/gym.ipynb #a85bd770
+def _step_all(envs: list, # `GymEnvironment`s
+              actions # their actions, as Gymnasium takes them
+             ) -> list:
+    "Each environment's Gymnasium step (the exception it raised, where one did), its step count kept."
+    out = []
+    for e, a in zip(envs, actions):
+        try: out.append(e.env.step(a))
+        except (Exception, SystemExit) as x: out.append(x)
+        else: e.steps += 1
+    return out
+
+# %% ../../nbs/envs/gym.ipynb #9d1c0b4d
+def _columns(out: list # Gymnasium's step results, or exceptions
+            ) -> Steps:
+    "`out` as `Steps`: each observation as `_observe` and `to_envelope` make it (no frame, no transform)."
+    n = len(out)
+    obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
+    for i, r in enumerate(out):
+        if isinstance(r, BaseException): errors[i] = r; continue
+        o, rew, te, tr, info = r
+        te, tr = bool(te), bool(tr)
+        obs[i] = {"metadata": jsonable(info) if info else {}, "obs": jsonable(o), "terminated": te, "truncated": tr, "frame": None}
+        rewards[i], dones[i] = float(rew), te or tr
+    return Steps(obs, rewards, dones, errors)
+
+# %% ../../nbs/envs/gym.ipynb #9a05a1e0
+_FIELDS = frozenset(GymObservation.model_fields)
+
+def _declines(envs: list # `GymEnvironment`s of one class
+             ) -> bool:
+    "Whether the hooks leave `envs` to `step` and `reset`: one has a transform or renders, has spaces other than the first's, or its observation class other fields."
+    first = envs[0]
+    if (_names(first.observation_type) or (None,))[0] != _FIELDS: return True
+    return any(e.transform is not None or e.renders or e.action_type is not first.action_type for e in envs)
+
+# %% ../../nbs/envs/gym.ipynb #6038314a
+@patch(cls_method=True)
+def step_batch(cls: GymEnvironment, envs: list, # instances of `cls`
+               actions: list # one checked action each
+              ) -> Steps | None:
+    "Step `envs` in one loop; `None` (each steps by itself) where `_declines`."
+    if _declines(envs): return None
+    return _columns(_step_all(envs, _natives(envs[0].action_space, actions)))
+
+# %% ../../nbs/envs/gym.ipynb #0ab4b78e
+def _reset_all(envs: list # `GymEnvironment`s
+              ) -> list:
+    "Each environment reset as `reset()` resets it (the exception it raised, where one did), as a step result with reward 0."
+    out = []
+    for e in envs:
+        try: obs, info = e.env.reset(seed=None, options=None)
+        except (Exception, SystemExit) as x: out.append(x)
+        else: e.episode_id, e.steps = str(uuid4()), 0; out.append((obs, 0.0, False, False, info))
+    return out
+
+# %% ../../nbs/envs/gym.ipynb #4521b16e
+@patch(cls_method=True)
+def reset_batch(cls: GymEnvironment, envs: list # instances of `cls`
+               ) -> Steps | None:
+    "Reset `envs` (no seed, no options) in one loop; `None` (each resets by itself) where `_declines`."
+    return None if _declines(envs) else _columns(_reset_all(envs))
+
+# %% ../../nbs/envs/gym.ipynb #69e90f58
+@patch(cls_method=True)
+async def step_batch_async(cls: InlineGymEnvironment, envs: list, actions: list) -> Steps | None:
+    "`step_batch`, on the event loop."
+    return cls.step_batch(envs, actions)
+
+# %% ../../nbs/envs/gym.ipynb #261384db
+@patch(cls_method=True)
+async def reset_batch_async(cls: InlineGymEnvironment, envs: list) -> Steps | None:
+    "`reset_batch`, on the event loop."
+    return cls.reset_batch(envs)
 
 # %% ../../nbs/envs/gym.ipynb #e29810b0
 REWARDS = {  # the name of an id (before `-v`) -> (the range of one step's reward, the best return: a number, "steps" or None)
