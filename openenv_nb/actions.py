@@ -56,14 +56,21 @@ def accepted(fn: Callable, # a method
     names, var_kw = _params(getattr(fn, "__func__", fn))
     return kwargs if var_kw else {k: v for k, v in kwargs.items() if k in names}
 
+# %% ../nbs/01a_actions.ipynb #16ae1361
+def _definer(cls: type, name: str) -> type | None:
+    "The class in `cls`'s MRO that defines `name` itself."
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
+
 # %% ../nbs/01a_actions.ipynb #999eb30b
 @functools.lru_cache(maxsize=256)
 def _twin(cls: type, name: str) -> str | None:
-    "The name of the async twin of `cls`'s method `name`, when the class wrote one."
-    return name + "_async" if overrides(cls, name + "_async") else None
+    "The name of the async twin of `cls`'s method `name`, when the class wrote one at or below the sync method."
+    twin = name + "_async"
+    if not overrides(cls, twin): return None
+    sync = _definer(cls, name)
+    return twin if sync is None or issubclass(_definer(cls, twin), sync) else None
 
 _ASYNC = {"reset": "reset_async", "step": "step_async"}
-
 
 # %% ../nbs/01a_actions.ipynb #69d23c52
 async def call_env(env: Environment, # the session's environment

@@ -9,10 +9,10 @@ __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'HOT', 'li
            'BatchCloseMsg', 'BatchStepMsg', 'BatchResetMsg', 'Session', 'gather_eager', 'check_all', 'run_checked',
            'as_columns', 'run_together', 'serve_session', 'attach', 'ws_endpoint', 'one_shot', 'Health', 'Schemas',
            'add_info_routes', 'http_reset', 'http_step', 'http_state', 'add_http_routes', 'fast_body', 'hot_reply',
-           'send_empty', 'respond', 'session_create', 'session_close', 'reap_idle', 'reaper', 'rpc_once', 'http_mcp',
-           'mcp', 'mcp_socket', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError', 'server_mode', 'default_capacity',
-           'message_limit', 'serve_tools', 'preflight', 'App', 'create_app', 'bind', 'LogGuard', 'transport_limit',
-           'server_config', 'serve', 'serve_in_thread']
+           'send_empty', 'respond', 'session_create', 'drop_session', 'session_close', 'reap_idle', 'reaper',
+           'rpc_once', 'http_mcp', 'mcp', 'mcp_socket', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError',
+           'server_mode', 'default_capacity', 'message_limit', 'serve_tools', 'preflight', 'App', 'create_app', 'bind',
+           'LogGuard', 'transport_limit', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
@@ -46,7 +46,7 @@ from .actions import (ENVELOPE, MESSAGES, Checked, CloseMsg, Doors, HTTPError, H
 from .environment import Environment, env_types
 from .types import Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State, StepRequest, error_frame
 from .web import add_web_interface
-from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction, ListToolsAction,
+from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, SERVER_ERROR, CallToolAction, ListToolsAction,
                             MCPEnvironment, RpcError, rpc_error)
 from .tasks import add_task_routes
 
@@ -153,8 +153,9 @@ class Session:
     "One WebSocket connection: its environment (or, with `batch`, its environments), messages handled in order."
     def __init__(self, hub: Hub, # the server's shared state
                  env: Environment | None, # the session's environment; `None` for a `batch` connection
-                 ext: set[str] = frozenset()): # the extensions the client listed
-        self.hub, self.env, self.metadata, self.batch = hub, env, "metadata" in ext, "batch" in ext
+                 ext: set[str] = frozenset(), # the extensions the client listed
+                 sid: str | None = None): # the HTTP MCP session this socket is attached to, if any
+        self.hub, self.env, self.metadata, self.batch, self.sid = hub, env, "metadata" in ext, "batch" in ext, sid
         self.kinds = {**MESSAGES, **BATCH_MESSAGES} if self.batch else MESSAGES
         self.envs: dict[int, Environment] = {}
         self.next_id = 0
@@ -168,7 +169,21 @@ async def answer(self, m: BaseModel) -> dict | None:
     if self.env is None:
         return error_frame(ErrorCode.VALIDATION_ERROR, "This connection asked for 'batch' and has no default environment: "
                            "open environments with 'batch.open' and address them in 'batch' ops", errors=[])
+    if kind == "mcp": return await act(self.hub, self.env, kind, m.data, methods=self.rpc_methods())
     return await act(self.hub, self.env, kind, getattr(m, "data", {}), self.metadata)
+
+# %% ../nbs/02_server.ipynb #2fc8d506
+@patch_to(Session)
+def rpc_methods(self) -> dict:
+    "The session methods of an `mcp` message on this socket: `create` names the socket's own session, which `close` may not close."
+    async def create(call) -> dict:
+        self.sid = self.sid or str(uuid.uuid4())
+        return {"session_id": self.sid}
+    async def close(call) -> dict:
+        if self.sid is not None and call.params.get("session_id") == self.sid:
+            raise RpcError(INVALID_REQUEST, "Cannot close active WebSocket-managed session via MCP method")
+        return await session_close(self.hub, call)
+    return {"openenv/session/create": create, "openenv/session/close": close}
 
 # %% ../nbs/02_server.ipynb #a7770d4d
 @patch_to(Session)
@@ -405,13 +420,14 @@ def _timeout(hub: Hub, end: float | None # when the session must end (`time.mono
 async def serve_session(hub: Hub, # the server's shared state
                         ws: WebSocket, # an accepted socket
                         ext: set[str], # the extensions the client listed
-                        attached: Environment | None = None): # an HTTP MCP session's environment: used, not made nor closed
+                        attached: Environment | None = None, # an HTTP MCP session's environment: used, not made nor closed
+                        sid: str | None = None): # that session's id
     "Serve one session on an accepted socket until it ends; the caller holds its slot (none for `batch`)."
     env = attached
     if env is None and "batch" not in ext:
         try: env = await hub.make_env()
         except Exception as e: return await _send(ws, factory_error(hub, e))
-    session, end = Session(hub, env, ext), None if hub.max_session_age is None else time.monotonic() + hub.max_session_age
+    session, end = Session(hub, env, ext, sid), None if hub.max_session_age is None else time.monotonic() + hub.max_session_age
     try:
         while (wait := hub.session_timeout if end is None else _timeout(hub, end)) != 0 and \
               (msg := await next_message(ws, wait)) is not None:
@@ -444,9 +460,10 @@ async def attach(hub: Hub, # the server's shared state
         await _send(ws, error_frame(ErrorCode.SESSION_ERROR, problem))
         return await ws.close()
     hub.attached.add(sid)
-    try: await serve_session(hub, ws, ext - {"batch"}, attached=env)
+    try: await serve_session(hub, ws, ext - {"batch"}, attached=env, sid=sid)
     finally:
         hub.attached.discard(sid)
+        if sid in _closing(hub): await drop_session(hub, sid)  # closed while the socket held it
         if ws.application_state is WebSocketState.CONNECTED:
             with contextlib.suppress(Exception): await ws.close()
 
@@ -638,14 +655,28 @@ async def session_create(hub: Hub, call) -> dict:
     return {"session_id": sid}
 
 
-# %% ../nbs/02_server.ipynb #d5a2449b
-async def session_close(hub: Hub, call) -> dict:
-    "`openenv/session/close`: close a session made by `openenv/session/create`, freeing its slot."
-    if not (sid := call.params.get("session_id")): raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
-    if (env := hub.sessions.pop(sid, None)) is None: raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid}")
-    _seen(hub).pop(sid, None)
+# %% ../nbs/02_server.ipynb #97f8a392
+def _closing(hub: Hub) -> set[str]:
+    "The HTTP MCP sessions asked to close while a socket was attached, kept on the hub."
+    return vars(hub).setdefault("session_closing", set())
+
+# %% ../nbs/02_server.ipynb #cfaf2d9a
+async def drop_session(hub: Hub, sid: str):
+    "Forget the HTTP MCP session `sid`, close its environment and free its slot."
+    env = hub.sessions.pop(sid)
+    _seen(hub).pop(sid, None); _closing(hub).discard(sid)
     hub.active -= 1
     await hub.close_env(env)
+
+# %% ../nbs/02_server.ipynb #d5a2449b
+async def session_close(hub: Hub, call) -> dict:
+    "`openenv/session/close`: close a session made by `openenv/session/create`, freeing its slot (once its socket, if any, has gone)."
+    if not (sid := call.params.get("session_id")): raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
+    if sid not in hub.sessions: raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid}")
+    if sid in hub.attached:  # a socket is using it: it closes when the socket goes
+        _closing(hub).add(sid)
+        return {"session_id": sid, "closed": False, "closing": True}
+    await drop_session(hub, sid)
     return {"session_id": sid, "closed": True}
 
 
@@ -860,9 +891,9 @@ class ConcurrencyError(ValueError):
 def _check_factory(env) -> None:
     "Refuse an environment instance where a factory is needed."
     if isinstance(env, Environment):
-        raise TypeError(f"create_app needs an environment class or zero-argument factory, got a {type(env).__name__} "
+        raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got a {type(env).__name__} "
                         f"instance; pass `{type(env).__name__}`, not `{type(env).__name__}()`")
-    if not callable(env): raise TypeError(f"create_app needs an environment class or zero-argument factory, got {env!r}")
+    if not callable(env): raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got {env!r}")
 
 # %% ../nbs/02_server.ipynb #2369598e
 def _env_class(env: Callable, probe: bool) -> type | None:

@@ -475,6 +475,27 @@ def test_idle_http_session_reaped_on_a_real_server():
         assert "result" in post(rpc_body("openenv/session/create", 4))
 
 
+def test_closing_an_attached_session_waits_for_its_socket():
+    "A session closed while `/ws?session_id=` holds it answers `closing`, keeps serving the socket, and goes when the socket does."
+    from websockets.sync.client import connect
+    with serve_in_thread(create_app(MCPEchoEnvironment, max_concurrent_envs=1)) as url:
+        post = lambda body: httpx.post(url + "/mcp", content=body, headers={"content-type": "application/json"}, timeout=10).json()
+        sid = post(rpc_body("openenv/session/create"))["result"]["session_id"]
+        with connect(url.replace("http", "ws") + f"/ws?session_id={sid}", open_timeout=10) as ws:
+            ask = lambda frame: (ws.send(json.dumps(frame)), json.loads(ws.recv(timeout=20)))[1]
+            mine = ask({"type": "mcp", "data": json.loads(rpc_body("openenv/session/create"))})["data"]
+            assert mine["result"]["session_id"] == sid  # the socket's own session, as upstream answers
+            own = ask({"type": "mcp", "data": json.loads(rpc_body("openenv/session/close", session_id=sid))})["data"]
+            assert own["error"]["code"] == -32600
+            assert post(rpc_body("openenv/session/close", 2, session_id=sid))["result"] == {"session_id": sid, "closed": False, "closing": True}
+            step = ask({"type": "step", "data": {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "on"}}})
+            assert step["data"]["observation"]["result"]["data"] == "on"
+        deadline = time.monotonic() + 20  # wait for the condition (the socket's end reaching the server), never a fixed sleep
+        while httpx.get(url + "/health").json()["active_sessions"] and time.monotonic() < deadline: time.sleep(0.02)
+        assert httpx.get(url + "/health").json()["active_sessions"] == 0
+        assert post(rpc_body("openenv/session/close", 3, session_id=sid))["error"]["message"] == f"Unknown session_id: {sid}"
+
+
 class Hangs(MCPEchoEnvironment):
     "The echo tools, and an async tool that never answers."
     tool_timeout_s = 0.2

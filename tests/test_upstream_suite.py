@@ -49,39 +49,7 @@ for _t in ("test_idle_session_reaper_destroys_stale_sessions", "test_reaper_stop
     KNOWN[f"tests/core/test_production_mode_routes.py::TestHTTPMCPSessionReaper::{_t}"] = \
         "not over the wire: it calls upstream HTTPEnvServer's private reaper methods (ours reaps idle sessions in its own task)"
 
-STEP = ("our server calls an environment's reset_async/step_async whenever its class's differ from openenv_nb's base; "
-        "upstream 0.10's base Environment.reset_async/step_async forward seed=None, episode_id=None / timeout_s=None to a "
-        "reset() / step(action) that does not take them: 500 or an error frame with TypeError. Upstream calls the async "
-        "twin only when it overrides upstream's base (overrides_method), else the sync method with the kwargs it accepts")
 OPEN = {  # test id -> the incompatibility it shows; remove an entry when the server is fixed (this test then says so)
-    'tests/envs/test_websockets.py::TestSmokeFactoryPattern::test_smoke_create_app_rejects_instance':
-        ("create_app(instance) must raise TypeError matching 'must be a callable'; ours raises no such text "
-         "for an upstream instance ('create_app needs an environment class or zero-argument factory, got "
-         "<...>')"),
-    'tests/envs/test_websockets.py::TestConnect4Environment::test_connect4_initial_board':
-        STEP,
-    'tests/envs/test_websockets.py::TestConnect4Environment::test_connect4_legal_actions':
-        STEP,
-    'tests/core/test_production_mode_routes.py::TestSimulationModeAllowsAllEndpoints::test_simulation_mode_allows_step_endpoint':
-        STEP,
-    'tests/core/test_production_mode_routes.py::TestModeConfiguration::test_default_mode_is_simulation':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeGymAPIEndpoints::test_simulation_mode_exposes_step_endpoint':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeWebSocketEndpoint::test_simulation_mode_websocket_step_works':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeIsDefault::test_default_mode_exposes_step':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeIsDefault::test_explicit_simulation_matches_default':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeFullIntegration::test_simulation_mode_full_gym_workflow':
-        STEP,
-    'tests/core/test_simulation_mode_preserves_api.py::TestSimulationModeFullIntegration::test_simulation_mode_full_websocket_workflow':
-        STEP,
-    'tests/core/test_production_mode_routes.py::TestHTTPMCPSessionLifecycle::test_session_create_from_websocket_is_idempotent':
-        ("an `mcp` frame on /ws calling openenv/session/create must return {'result': {'session_id': <the "
-         "socket's own session>}}; ours: -32601 'Method not found: openenv/session/create' (the /ws JSON-RPC "
-         'path lacks the session methods)'),
     'tests/core/test_production_mode_routes.py::TestMCPSessionTransportPersistence::test_http_session_mcp_state_persists_across_calls':
         ('a fastmcp tool taking `ctx: Context` (ctx.get_state/set_state) must keep state across calls of one '
          'session; ours calls the function without a live Context: -32603 "\'_CurrentContext\' object has no '
