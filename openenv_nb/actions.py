@@ -9,7 +9,7 @@ __all__ = ['PROTOCOL', 'BEARER', 'SAFE', 'OPEN', 'QUICK_S', 'QUICK_RUNS', 'RUBRI
            'accepted', 'call_env', 'origin_of', 'own_origins', 'offered_tokens', 'Doors', 'heads', 'chosen_protocol',
            'Hub', 'invalid', 'raised', 'factory_error', 'at_capacity', 'Kind', 'step_limit', 'Checked', 'act',
            'http_reply', 'HTTPError', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'McpMsg', 'decode', 'unreadable',
-           'reply', 'next_message']
+           'reply', 'next_message', 'IdleTimer']
 
 # %% ../nbs/01a_actions.ipynb #6f441b6c
 import asyncio
@@ -510,3 +510,41 @@ async def next_message(ws, # a WebSocket (anything with an async `receive`)
     try:
         async with asyncio.timeout(timeout): return await ws.receive()
     except TimeoutError: return None
+
+# %% ../nbs/01a_actions.ipynb #d5dc76c3
+class IdleTimer:
+    "One session's frame waits with a time limit: one loop timer, re-armed only when it fires early, instead of one `asyncio.timeout` per frame."
+    def __init__(self, ws): # a WebSocket (anything with an async `receive`), read from one task
+        self.ws, self.loop, self.task = ws, asyncio.get_running_loop(), asyncio.current_task()
+        self.handle, self.deadline, self.waiting, self.expired = None, 0.0, False, False
+
+# %% ../nbs/01a_actions.ipynb #42ec26e5
+@patch_to(IdleTimer)
+def _fire(self):
+    "The timer ran out: end a wait that is past its deadline, wait on for one that is not; a busy session re-arms on its next wait."
+    self.handle = None
+    if not self.waiting: return
+    if self.loop.time() < self.deadline: self.handle = self.loop.call_at(self.deadline, self._fire)
+    else: self.expired = True; self.task.cancel()
+
+# %% ../nbs/01a_actions.ipynb #936cd433
+@patch_to(IdleTimer)
+async def receive(self, timeout: float | None # seconds of silence allowed; `None` forever
+                 ) -> dict | None:
+    "The next ASGI message of `ws`, as `next_message`: `None` after `timeout` seconds of silence."
+    if timeout is None: return await self.ws.receive()
+    self.deadline = self.loop.time() + timeout
+    if self.handle is not None and self.handle.when() > self.deadline: self.handle.cancel(); self.handle = None
+    if self.handle is None: self.handle = self.loop.call_at(self.deadline, self._fire)
+    self.waiting = True
+    try: return await self.ws.receive()
+    except asyncio.CancelledError:
+        if not self.expired: raise
+        self.expired = False; self.task.uncancel(); return None
+    finally: self.waiting = False
+
+# %% ../nbs/01a_actions.ipynb #0e13838a
+@patch_to(IdleTimer)
+def close(self):
+    "Drop the pending timer."
+    if self.handle is not None: self.handle.cancel(); self.handle = None

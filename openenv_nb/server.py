@@ -40,7 +40,7 @@ from fastcore.meta import delegates
 from starlette.websockets import WebSocket, WebSocketState
 
 from . import __version__
-from .actions import (ENVELOPE, MESSAGES, Checked, CloseMsg, Doors, HTTPError, Hub, ResetMsg, StateMsg, StepMsg, accepted,
+from .actions import (ENVELOPE, MESSAGES, Checked, CloseMsg, Doors, HTTPError, Hub, IdleTimer, ResetMsg, StateMsg, StepMsg, accepted,
                                 act, at_capacity, call_env, chosen_protocol, decode, dumps, factory_error, heads, http_reply,
                                 loads, next_message, reply, unreadable)
 from .environment import Environment, env_types
@@ -428,14 +428,16 @@ async def serve_session(hub: Hub, # the server's shared state
         try: env = await hub.make_env()
         except Exception as e: return await _send(ws, factory_error(hub, e))
     session, end = Session(hub, env, ext, sid), None if hub.max_session_age is None else time.monotonic() + hub.max_session_age
+    idle = IdleTimer(ws)  # one timer for the whole session, not one per frame
     try:
         while (wait := hub.session_timeout if end is None else _timeout(hub, end)) != 0 and \
-              (msg := await next_message(ws, wait)) is not None:
+              (msg := await idle.receive(wait)) is not None:
             if msg["type"] == "websocket.disconnect": return
             if (out := await session.handle(msg.get("text"))) is None: return
             await _send(ws, out)
         await _send(ws, _reaped(hub) if wait == hub.session_timeout else _aged(hub))  # the limit that ran out
     finally:
+        idle.close()
         if env is not None and attached is None: await hub.close_env(env)
         await session.release()
 
@@ -973,6 +975,7 @@ def preflight(cls: type | None # the environment class a server is about to serv
 class App(FastAPI):
     "The app `create_app` makes: FastAPI, with a `Guard` in front that answers the hot routes before FastAPI's own layers."
     _front: Guard | None = None  # made on the first request, from the `Guard` middleware's own settings
+    _ws_front: Guard | bool | None = None  # the `Guard` for `/ws` handshakes (`False`: `/ws` is not `ws_endpoint`)
     _traced, _traced_until = True, 0.0  # FastAPI's telemetry on, as last read, and until when that reading holds
 
 # %% ../nbs/02_server.ipynb #ecc90d2e
@@ -993,11 +996,29 @@ def traced(self) -> bool:
 # %% ../nbs/02_server.ipynb #5cbc8c2b
 @patch_to(App)
 async def __call__(self, scope, receive, send):
-    "A request to a hot route goes to `front` (unless FastAPI's telemetry records requests, or the app is mounted); the rest to FastAPI."
-    if scope["type"] == "http" and (scope["method"], scope["path"]) in (front := self._front or self.front()).fast and \
+    "A hot route or `/ws` goes to its `Guard` (unless FastAPI's telemetry records requests, or the app is mounted); the rest to FastAPI."
+    kind = scope["type"]
+    if (kind == "http" and (scope["method"], scope["path"]) in (front := self._front or self.front()).fast or
+        kind == "websocket" and scope["path"] == "/ws" and (front := self.ws_front())) and \
        not self.root_path and not scope.get("root_path") and not self.traced():
         return await front(scope, receive, send)
     await FastAPI.__call__(self, scope, receive, send)
+
+# %% ../nbs/02_server.ipynb #5fb45838
+@patch_to(App)
+async def ws_direct(self, scope, receive, send):
+    "Serve a `/ws` handshake as FastAPI's route would, with no middleware between the session and the socket."
+    scope["app"] = self
+    await ws_endpoint(WebSocket(scope, receive, send))
+
+# %% ../nbs/02_server.ipynb #66b1b662
+@patch_to(App)
+def ws_front(self) -> Guard | None:
+    "The `Guard` (same doors and limits as `front`) for `/ws` handshakes, around `ws_direct`; `None` when `/ws` is not `ws_endpoint`."
+    if self._ws_front is None:
+        mine = any(getattr(r, "path", None) == "/ws" and getattr(r, "endpoint", None) is ws_endpoint for r in self.router.routes)
+        self._ws_front = mine and Guard(self.ws_direct, (f := self._front or self.front()).hub, f.fast)
+    return self._ws_front or None
 
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
