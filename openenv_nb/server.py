@@ -978,11 +978,20 @@ class App(FastAPI):
     _ws_front: Guard | bool | None = None  # the `Guard` for `/ws` handshakes (`False`: `/ws` is not `ws_endpoint`)
     _traced, _traced_until = True, 0.0  # FastAPI's telemetry on, as last read, and until when that reading holds
 
+# %% ../nbs/02_server.ipynb #bb963e5d
+@patch_to(App)
+def added(self) -> bool:
+    "Whether middleware other than our `Guard` was added to the app (CORS, say, or a user's logging)."
+    return any(m.cls is not Guard for m in self.user_middleware)
+
 # %% ../nbs/02_server.ipynb #ecc90d2e
 @patch_to(App)
 def front(self) -> Guard:
-    "The `Guard` in front of the app: the middleware's `hub` and `fast` routes, handing all it does not answer to FastAPI."
-    if self._front is None: self._front = Guard(partial(FastAPI.__call__, self), **next(m.kwargs for m in self.user_middleware if m.cls is Guard))
+    "The `Guard` in front of the app: the middleware's `hub` and `fast` routes (none when other middleware was added), handing the rest to FastAPI."
+    if self._front is None:
+        kw = dict(next(m.kwargs for m in self.user_middleware if m.cls is Guard))
+        if self.added(): kw["fast"] = frozenset()  # someone else's middleware must see every request: no way around it
+        self._front = Guard(partial(FastAPI.__call__, self), **kw)
     return self._front
 
 # %% ../nbs/02_server.ipynb #11e2b8e2
@@ -1014,10 +1023,10 @@ async def ws_direct(self, scope, receive, send):
 # %% ../nbs/02_server.ipynb #66b1b662
 @patch_to(App)
 def ws_front(self) -> Guard | None:
-    "The `Guard` (same doors and limits as `front`) for `/ws` handshakes, around `ws_direct`; `None` when `/ws` is not `ws_endpoint`."
+    "The `Guard` (same doors and limits as `front`) for `/ws` handshakes, around `ws_direct`; `None` when `/ws` is not `ws_endpoint` or other middleware was added."
     if self._ws_front is None:
         mine = any(getattr(r, "path", None) == "/ws" and getattr(r, "endpoint", None) is ws_endpoint for r in self.router.routes)
-        self._ws_front = mine and Guard(self.ws_direct, (f := self._front or self.front()).hub, f.fast)
+        self._ws_front = mine and not self.added() and Guard(self.ws_direct, (f := self._front or self.front()).hub, f.fast)
     return self._ws_front or None
 
 # %% ../nbs/02_server.ipynb #fe27908f

@@ -113,3 +113,22 @@ def test_the_fast_path_answers_as_fastapi_does():
                             re.sub(rb"[0-9a-f-]{36}", b"UUID", r.content)))
             answers.append(got)
     for case, fast, slow in zip(FAST_CASES, *answers): assert fast == slow, (case, fast, slow)
+
+
+class Stamp:
+    "A user's own ASGI middleware: it stamps every HTTP answer."
+    def __init__(self, app): self.app = app
+    async def __call__(self, scope, receive, send):
+        async def stamped(msg):
+            if msg["type"] == "http.response.start": msg["headers"] = [*msg.get("headers", []), (b"x-stamped", b"1")]
+            await send(msg)
+        await self.app(scope, receive, stamped)
+
+
+def test_added_middleware_sees_the_hot_routes():
+    "The hot path skips FastAPI's stack only while it holds our door alone: a user's middleware sees /step, /reset and /state."
+    app = create_app(EchoEnvironment)
+    app.add_middleware(Stamp)
+    with TestClient(app) as c:
+        answers = [c.post("/reset", json={}), c.post("/step", json={"action": {"message": "hi"}}), c.get("/state")]
+    assert [(r.status_code, r.headers.get("x-stamped")) for r in answers] == [(200, "1")] * 3
