@@ -540,7 +540,9 @@ async def receive(self, timeout: float | None # seconds of silence allowed; `Non
     try: return await self.ws.receive()
     except asyncio.CancelledError:
         if not self.expired: raise
-        self.expired = False; self.task.uncancel(); return None
+        self.expired = False
+        if self.task.uncancel() > 0: raise  # someone else cancelled the task too: theirs goes on
+        return None
     finally: self.waiting = False
 
 # %% ../nbs/01a_actions.ipynb #0e13838a
