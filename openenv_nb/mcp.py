@@ -9,9 +9,9 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'INVALID_PARAMS', 'INTERNAL_ERROR', 'SERVER_ERROR', 'PROTOCOL_VERSIONS', 'METHODS', 'Tool', 'ToolErrorType',
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
-           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'within', 'server_tools', 'tool',
-           'new_episode_id', 'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error',
-           'parse_request', 'RpcCall', 'mcp_result', 'rpc']
+           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'resumed', 'within',
+           'server_tools', 'tool', 'new_episode_id', 'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError',
+           'rpc_result', 'rpc_error', 'parse_request', 'RpcCall', 'mcp_result', 'rpc']
 
 # %% ../nbs/01b_mcp.ipynb #a96caa8d
 import asyncio
@@ -312,7 +312,7 @@ def _checked(self: ToolSet, name: str, arguments: dict | None, mode: str | None 
 
 # %% ../nbs/01b_mcp.ipynb #93f406d2
 @types.coroutine
-def _resumed(coro, waiting):
+def resumed(coro, waiting):
     "Drive `coro` on from its first suspension, where it waits on `waiting` (what it yields goes to the task)."
     while True:
         try: sent = yield waiting
@@ -332,7 +332,7 @@ async def within(coro: Awaitable, # a coroutine, not yet started
     deadline = asyncio.get_running_loop().time() + limit
     try: waiting = coro.send(None)
     except StopIteration as stop: return stop.value
-    async with asyncio.timeout_at(deadline): return await _resumed(coro, waiting)
+    async with asyncio.timeout_at(deadline): return await resumed(coro, waiting)
 
 # %% ../nbs/01b_mcp.ipynb #a12d01c6
 @patch

@@ -47,7 +47,7 @@ from .environment import Environment, env_types
 from .types import Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State, StepRequest, error_frame
 from .web import add_web_interface
 from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, SERVER_ERROR, CallToolAction, ListToolsAction,
-                            MCPEnvironment, RpcError, rpc_error)
+                            MCPEnvironment, RpcError, resumed, rpc_error)
 from .tasks import add_task_routes
 
 
@@ -227,19 +227,6 @@ async def release(self):
     "Close every environment the connection opened."
     await self.close_envs(list(self.envs))
 
-# %% ../nbs/02_server.ipynb #e13c42f9
-@types.coroutine
-def _resume(coro, waiting):
-    "Drive `coro` on from its first suspension, where it waits on `waiting`."
-    while True:
-        try: sent = yield waiting
-        except BaseException as e:
-            try: waiting = coro.throw(e)
-            except StopIteration as stop: return stop.value
-        else:
-            try: waiting = coro.send(sent)
-            except StopIteration as stop: return stop.value
-
 # %% ../nbs/02_server.ipynb #b8bd7a41
 async def gather_eager(coros: list) -> list:
     "Like `asyncio.gather`, but each coroutine runs at once, and only those that suspend get a task."
@@ -247,7 +234,7 @@ async def gather_eager(coros: list) -> list:
     for i, c in enumerate(coros):
         try: waiting = c.send(None)
         except StopIteration as stop: results[i] = stop.value
-        else: pending[i] = asyncio.ensure_future(_resume(c, waiting))
+        else: pending[i] = asyncio.ensure_future(resumed(c, waiting))
     for i, r in zip(pending, await asyncio.gather(*pending.values())): results[i] = r
     return results
 
