@@ -36,7 +36,7 @@ from fastcore.basics import patch_to, store_attr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .environment import Environment, overrides
-from .mcp import RpcError, parse_action, rpc
+from .mcp import CallToolAction, ListToolsAction, RpcError, parse_action, rpc
 from .rubrics import rubric_scores
 from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State,
                               error_frame, to_envelope)
@@ -358,9 +358,9 @@ async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]
 async def _mcp(hub: Hub, env, message, metadata: bool = False, **extra) -> dict:
     "The JSON-RPC answer to `message` on `env` (or on the environment its `session_id` names, else a fresh one)."
     extra.setdefault("notifications", False)
+    if hub.action_cls in (CallToolAction, ListToolsAction): extra["step"] = lambda env, action: call_env(env, "step", hub.pool, action)
     target = env if isinstance(env, Environment) else partial(_session_or_fresh, hub, env)
     return {"type": "mcp", "data": await rpc(target, message, **extra)}
-
 
 # %% ../nbs/01a_actions.ipynb #dac2e519
 KINDS: dict[str, Kind] = {

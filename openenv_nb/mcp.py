@@ -10,11 +10,13 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
            'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'resumed', 'within',
-           'server_tools', 'tool', 'new_episode_id', 'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError',
-           'rpc_result', 'rpc_error', 'parse_request', 'RpcCall', 'mcp_result', 'rpc']
+           'context_param', 'server_tools', 'with_context', 'fastmcp_context', 'tool', 'new_episode_id',
+           'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request',
+           'RpcCall', 'mcp_result', 'rpc']
 
 # %% ../nbs/01b_mcp.ipynb #a96caa8d
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -24,6 +26,7 @@ import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from functools import partial
 from typing import Any, Awaitable, Callable, Literal
 from uuid import uuid4
 
@@ -180,33 +183,36 @@ class FunctionTool:
     params: tuple[tuple[str, str], ...]  # (field, parameter) pairs
     is_async: bool = False  # `fn` is a coroutine function: awaited on the event loop
     mode: str | None = None  # `"production"` or `"simulation"` for a tool shown in that mode only
+    context: str | None = None  # the parameter that takes a context (fastmcp's `Context`), given by the caller, not the agent
 
 # %% ../nbs/01b_mcp.ipynb #b1c3efcb
-def _arguments(fn: Callable, name: str, skip_first: bool) -> tuple[type[BaseModel], tuple]:
-    "The pydantic model of `fn`'s parameters (the first skipped for a method), with each field's parameter name."
+def _arguments(fn: Callable, name: str, skip_first: bool, without: str | None = None) -> tuple[type[BaseModel], tuple]:
+    "The pydantic model of `fn`'s parameters (the first skipped for a method, and `without`), with each field's parameter name."
     try: hints = typing.get_type_hints(fn, include_extras=True)
     except Exception: hints = {}
     ps = [p for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    ps = [p for p in ps[skip_first:] if p.name != without]
     docs, fields = param_docs(fn), {}
-    for i, p in enumerate(ps[1:] if skip_first else ps):
+    for i, p in enumerate(ps):
         hint = hints.get(p.name, Any if p.annotation is p.empty else p.annotation)
         fields[f"a{i}"] = (hint, Field(... if p.default is p.empty else p.default, alias=p.name, description=docs.get(p.name)))
     config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    return create_model(f"{name}_arguments", __config__=config, **fields), tuple((f"a{i}", p.name) for i, p in enumerate(ps[skip_first:]))
+    return create_model(f"{name}_arguments", __config__=config, **fields), tuple((f"a{i}", p.name) for i, p in enumerate(ps))
 
 # %% ../nbs/01b_mcp.ipynb #7a3248ae
 def function_tool(fn: Callable, # the function to call
                   name: str | None = None, # the tool's name; defaults to the function's
                   description: str | None = None, # what it does; defaults to the docstring without its sections
                   mode: str | None = None, # shown only in this mode (`"production"` or `"simulation"`); `None` always
-                  skip_first: bool = False # `fn` is a method: leave out `self`
+                  skip_first: bool = False, # `fn` is a method: leave out `self`
+                  context: str | None = None # the parameter that takes a context from the caller: not an argument
                  ) -> FunctionTool:
     "`fn` as a tool: its schema from its type hints, its descriptions from its docstring and comments."
     name = check_name(name or fn.__name__)
-    model, params = _arguments(fn, name, skip_first)
+    model, params = _arguments(fn, name, skip_first, context)
     try: schema = clean_schema(model.model_json_schema(by_alias=True))
     except Exception as e: raise TypeError(f"Tool {name!r}: its parameters have no JSON Schema ({e})") from e
-    return FunctionTool(name, fn, description or summary(fn.__doc__), schema, model, params, inspect.iscoroutinefunction(fn), mode)
+    return FunctionTool(name, fn, description or summary(fn.__doc__), schema, model, params, inspect.iscoroutinefunction(fn), mode, context)
 
 # %% ../nbs/01b_mcp.ipynb #14afc5ec
 @patch(as_prop=True)
@@ -379,6 +385,16 @@ def _listed(server) -> list:
     if hasattr(server, "list_tools"): return list(_run_sync(server.list_tools()))  # fastmcp 3
     raise TypeError(f"{type(server).__name__} declares no tools: give a ToolSet, a fastmcp.FastMCP or an mcp FastMCP server")
 
+# %% ../nbs/01b_mcp.ipynb #5d6ccac0
+def context_param(server, # a tool server
+                  fn: Callable # one of its tools' functions
+                 ) -> str | None:
+    "The parameter of `fn` that takes fastmcp's `Context`, when `server` is a `fastmcp` server; else `None`."
+    if type(server).__module__.partition(".")[0] != "fastmcp": return None
+    from fastmcp import Context
+    from fastmcp.utilities.types import find_kwarg_by_type
+    return find_kwarg_by_type(fn, Context)
+
 # %% ../nbs/01b_mcp.ipynb #da820562
 def server_tools(server # a `ToolSet`, `fastmcp.FastMCP` or `mcp.server.fastmcp.FastMCP`
                 ) -> list[FunctionTool]:
@@ -387,10 +403,28 @@ def server_tools(server # a `ToolSet`, `fastmcp.FastMCP` or `mcp.server.fastmcp.
     out = []
     for t in _listed(server):
         if not callable(fn := getattr(t, "fn", None)): raise TypeError(f"Tool {t.name!r} is not a function; only function tools can be served")
-        ft = function_tool(fn, t.name, getattr(t, "description", None))
+        ft = function_tool(fn, t.name, getattr(t, "description", None), context=context_param(server, fn))
         schema = getattr(t, "parameters", None)
         out.append(replace(ft, input_schema=clean_schema(schema)) if isinstance(schema, dict) and schema else ft)
     return out
+
+# %% ../nbs/01b_mcp.ipynb #e958360d
+def with_context(t: FunctionTool, # a tool whose function takes a context (its `context` parameter)
+                 enter: Callable[[], contextlib.AbstractAsyncContextManager] # makes the context for one call
+                ) -> FunctionTool:
+    "`t` as a coroutine tool that calls its function within a context that `enter()` makes for each call."
+    async def call(**kw):
+        async with enter() as kw[t.context]:
+            return await t.fn(**kw) if t.is_async else await asyncio.to_thread(t.fn, **kw)
+    return replace(t, fn=call, is_async=True)
+
+# %% ../nbs/01b_mcp.ipynb #9e31d3de
+def fastmcp_context(server, # a `fastmcp.FastMCP`
+                    session # what keeps one environment's fastmcp session state: its `_fastmcp_state_prefix`
+                   ) -> contextlib.AbstractAsyncContextManager:
+    "A fastmcp `Context` of `server`, whose `get_state`/`set_state` keep state for `session`, for one tool call."
+    from fastmcp import Context
+    return Context(fastmcp=server, session=session)
 
 # %% ../nbs/01b_mcp.ipynb #2ac87418
 def tool(fn: Callable | None = None, # the method
@@ -464,9 +498,9 @@ MCPEnvironment.mcp_server.__set_name__(MCPEnvironment, "mcp_server")
 # %% ../nbs/01b_mcp.ipynb #ad7cbedc
 @patch_to(MCPEnvironment)
 def _tools(self) -> ToolSet:
-    "Every tool of this environment: its server's, then its class's `@tool` methods bound to it."
-    ts = ToolSet(type(self).__name__)
-    for t in server_tools(self.mcp_server): ts.add(t)
+    "Every tool of this environment: its server's (a context made for this environment), then its class's `@tool` methods bound to it."
+    ts, session = ToolSet(type(self).__name__), types.SimpleNamespace(_fastmcp_state_prefix=new_episode_id())
+    for t in server_tools(self.mcp_server): ts.add(with_context(t, partial(fastmcp_context, self.mcp_server, session)) if t.context else t)
     for attr, t in self._class_tools.values(): ts.add(replace(t, fn=getattr(self, attr)))
     return ts
 
@@ -657,14 +691,26 @@ class RpcCall:
     env: Environment | Callable[[dict], Awaitable[Environment]]  # the environment, or an async `(params) -> Environment`
     protocol: str | None = None  # the MCP protocol version the client speaks (its `MCP-Protocol-Version` header)
     info: dict | None = None  # `serverInfo` for `initialize`: `{"name", "version"}`
+    step: Callable[[Environment, Action], Awaitable[Observation]] | None = None  # steps an environment without tools whose actions are tool actions
 
 # %% ../nbs/01b_mcp.ipynb #8e8af49a
 @patch
-async def tool_env(self: RpcCall) -> "MCPEnvironment":
-    "The environment to call tools on (made only now, when a method needs one); -32603 for one without tools."
+async def tool_env(self: RpcCall) -> Environment:
+    "The environment to call tools on (made only now, when a method needs one); -32603 for one without tools that `step` cannot reach."
     env = self.env if isinstance(self.env, Environment) else await self.env(self.params)
-    if not isinstance(env, MCPEnvironment): raise RpcError(INTERNAL_ERROR, "Environment does not support MCP")
+    if not isinstance(env, MCPEnvironment) and self.step is None: raise RpcError(INTERNAL_ERROR, "Environment does not support MCP")
     return env
+
+# %% ../nbs/01b_mcp.ipynb #e339f674
+@patch
+async def stepped(self: RpcCall, env: Environment, # an environment without tools
+                  action: Action, # the tool action that stands for the method
+                  want: type[Observation] # the observation the method needs
+                 ) -> Observation:
+    "What `env` answers when `step` takes `action` (upstream's MCP-style step); -32603 when it is not a `want`."
+    obs = await self.step(env, action)
+    if not isinstance(obs, want): raise RpcError(INTERNAL_ERROR, f"MCP-style {type(action).__name__} step returned {type(obs).__name__}, expected {want.__name__}")
+    return obs
 
 # %% ../nbs/01b_mcp.ipynb #93b37a25
 async def _initialize(call: RpcCall) -> dict:
@@ -678,8 +724,10 @@ async def _ping(call: RpcCall) -> dict: return {}
 
 # %% ../nbs/01b_mcp.ipynb #e2cd2cf8
 async def _tools_list(call: RpcCall) -> dict:
-    "The environment's tools, spelled as MCP spells them."
-    return {"tools": [{"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in (await call.tool_env()).list_tools()]}
+    "The environment's tools (or those its step lists), spelled as MCP spells them."
+    env = await call.tool_env()
+    tools = env.list_tools() if isinstance(env, MCPEnvironment) else (await call.stepped(env, ListToolsAction(), ListToolsObservation)).tools
+    return {"tools": [{"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in tools]}
 
 # %% ../nbs/01b_mcp.ipynb #f8755681
 def mcp_result(r: ToolResult) -> dict:
@@ -696,6 +744,8 @@ async def _tools_call(call: RpcCall) -> dict:
     if not isinstance(name, str) or not name: raise RpcError(INVALID_PARAMS, "Missing 'name' in params")
     if args is not None and not isinstance(args, dict): raise RpcError(INVALID_PARAMS, "Invalid params: 'arguments' must be an object")
     env = await call.tool_env()
+    if not isinstance(env, MCPEnvironment):  # as upstream: the step's whole observation
+        return (await call.stepped(env, CallToolAction(tool_name=name, arguments=args or {}), CallToolObservation)).model_dump(mode="json")
     try: return mcp_result(await env.call_tool_async(name, args))
     except ToolCallError as e:
         if e.error_type in (ToolErrorType.TOOL_NOT_FOUND, ToolErrorType.INVALID_ARGS): raise RpcError(INVALID_PARAMS, e.message, e.errors) from None
@@ -711,7 +761,8 @@ async def rpc(env: Environment | Callable[[dict], Awaitable[Environment]], # the
               methods: dict[str, Callable[[RpcCall], Awaitable[Any]]] | None = None, # more methods (the server's sessions)
               protocol: str | None = None, # the client's `MCP-Protocol-Version` header, when it sent one
               info: dict | None = None, # `serverInfo` for `initialize`
-              notifications: bool = True # `False` answers a notification too (id `null`), where every frame needs a reply
+              notifications: bool = True, # `False` answers a notification too (id `null`), where every frame needs a reply
+              step: Callable[[Environment, Action], Awaitable[Observation]] | None = None # steps an environment without tools (see `RpcCall`)
              ) -> dict | None:
     "The JSON-RPC 2.0 response to `message`, or `None` for a notification; it never raises."
     try: method, params, rid, note = parse_request(message)
@@ -721,7 +772,7 @@ async def rpc(env: Environment | Callable[[dict], Awaitable[Environment]], # the
     try:
         if not isinstance(params, dict): raise RpcError(INVALID_PARAMS, "Invalid params: 'params' must be an object")
         if fn is None: raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
-        result = await fn(RpcCall(params, env, protocol, info))
+        result = await fn(RpcCall(params, env, protocol, info, step))
     except RpcError as e: return None if quiet else rpc_error(rid, e.code, e.message, e.data)
     except Exception as e: return None if quiet else rpc_error(rid, INTERNAL_ERROR, f"{type(e).__name__}: {e}")
     return None if quiet else rpc_result(rid, result)

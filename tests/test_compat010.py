@@ -1151,6 +1151,52 @@ def test_mcp_http_sessions(side, ours, request):
     assert "error" in _rpc_call(url, "tools/call", 5, name="echo_message", arguments={"message": "x"}, session_id=sid)
 
 
+
+FASTMCP_CONTEXT = r"""
+import json
+from fastmcp import Context, FastMCP
+from starlette.testclient import TestClient
+from openenv_nb.mcp import MCPEnvironment
+from openenv_nb.server import create_app
+
+mcp = FastMCP("stateful")
+
+@mcp.tool
+async def inc_counter(ctx: Context) -> str:
+    "Count the calls of this session."
+    count = (await ctx.get_state("counter")) or 0
+    await ctx.set_state("counter", count + 1)
+    return str(count + 1)
+
+class Stateful(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def __init__(self): super().__init__(mcp)
+
+def call(client, sid=None):
+    params = {"name": "inc_counter", "arguments": {}} | ({"session_id": sid} if sid else {})
+    return client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).json()["result"]["data"]
+
+with TestClient(create_app(Stateful)) as client:
+    new = lambda: client.post("/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "openenv/session/create"}).json()["result"]["session_id"]
+    a, b = new(), new()
+    out = {"http_a": [call(client, a), call(client, a)], "http_b": [call(client, b)], "stateless": [call(client), call(client)]}
+    with client.websocket_connect("/ws") as ws:
+        for _ in range(2): ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "inc_counter"}}})
+        out["ws"] = [ws.receive_json()["data"]["result"]["data"] for _ in range(2)]
+    out["schema"] = client.post("/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).json()["result"]["tools"][0]["inputSchema"]
+print(json.dumps(out))
+"""
+
+
+def test_fastmcp_context_state_lasts_a_session(upstream_py):
+    """Upstream's TestMCPSessionTransportPersistence: a fastmcp tool keeps `ctx.set_state` for its session (HTTP and WS), not for others."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    r = subprocess.run([upstream_py, "-c", FASTMCP_CONTEXT], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"http_a": ["1", "2"], "http_b": ["1"], "stateless": ["1", "1"], "ws": ["1", "2"],
+                   "schema": {"additionalProperties": False, "properties": {}, "type": "object"}}
+
 # --------------------------------------------------------------------------------------------------------------------
 # 4. Upstream's tests of the server, restated against ours (no upstream venv needed).
 def test_state_cls_is_served(ours):

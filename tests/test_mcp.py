@@ -535,3 +535,31 @@ def test_mcp_tool_client_token_and_headers():
             assert env.call_tool("echo_message", message="let in") == "let in"
         with pytest.raises(Exception), MCPToolClient(url, token="", connect_timeout_s=2).sync() as env:
             env.list_tools()
+
+
+def test_mcp_style_step_on_an_environment_without_tools():
+    "Upstream's test_mcp_style_step_handles_partial_step_async: `tools/list` and `tools/call` on POST /mcp and over /ws reach the step of a plain environment served with tool actions."
+    from openenv_nb.environment import Environment
+    from openenv_nb.mcp import ListToolsObservation, ToolResult
+    from openenv_nb.types import Observation, State
+
+    class ByStep(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+        def __init__(self):
+            async def step_async(action, **kwargs):  # set on the instance, as upstream's test does
+                if isinstance(action, ListToolsAction): return ListToolsObservation(tools=[])
+                return CallToolObservation(tool_name=action.tool_name, result=ToolResult(data=action.arguments))
+            self.step_async = step_async
+        def reset(self, **kwargs): return Observation()
+        def step(self, action, **kwargs): return Observation()
+        @property
+        def state(self): return State()
+
+    with serve_in_thread(create_app(ByStep, CallToolAction, CallToolObservation)) as url:
+        post = lambda body: httpx.post(url + "/mcp", content=body, headers={"content-type": "application/json"}, timeout=10).json()
+        assert post(rpc_body("tools/list"))["result"] == {"tools": []}
+        called = post(rpc_body("tools/call", 2, name="submit", arguments={"answer": 4}))["result"]
+        assert (called["tool_name"], called["result"]["data"]) == ("submit", {"answer": 4})
+    from openenv_nb.envs.echo import EchoAction, EchoObservation
+    with serve_in_thread(create_app(ByStep, EchoAction, EchoObservation)) as url:  # served with its own actions: no MCP, as upstream
+        assert httpx.post(url + "/mcp", content=rpc_body("tools/list"), timeout=10).json()["error"]["message"] == "Environment does not support MCP"

@@ -49,19 +49,7 @@ for _t in ("test_idle_session_reaper_destroys_stale_sessions", "test_reaper_stop
     KNOWN[f"tests/core/test_production_mode_routes.py::TestHTTPMCPSessionReaper::{_t}"] = \
         "not over the wire: it calls upstream HTTPEnvServer's private reaper methods (ours reaps idle sessions in its own task)"
 
-OPEN = {  # test id -> the incompatibility it shows; remove an entry when the server is fixed (this test then says so)
-    'tests/core/test_production_mode_routes.py::TestMCPSessionTransportPersistence::test_http_session_mcp_state_persists_across_calls':
-        ('a fastmcp tool taking `ctx: Context` (ctx.get_state/set_state) must keep state across calls of one '
-         'session; ours calls the function without a live Context: -32603 "\'_CurrentContext\' object has no '
-         'attribute \'get_state\'"'),
-    'tests/core/test_production_mode_routes.py::TestMCPSessionTransportPersistence::test_websocket_mcp_state_persists_across_calls':
-        ("as over HTTP: the fastmcp Context is missing in tools called over /ws (-32603 '_CurrentContext' ... "
-         "'get_state')"),
-    'tests/core/test_task_api.py::test_mcp_style_step_handles_partial_step_async':
-        ('POST /mcp tools/list on a plain Environment (action_cls=CallToolAction, step_async answering '
-         "ListToolsAction) must give {'result': {'tools': []}}; ours answers only for an MCPEnvironment: "
-         "-32603 'Environment does not support MCP'"),
-}
+OPEN: dict[str, str] = {}  # test id -> the incompatibility it shows; remove an entry when the server is fixed (this test then says so)
 
 
 def _outcomes(xml: Path) -> dict[str, str]:

@@ -11,7 +11,10 @@ serving the same upstream environment, action and observation classes. Two trans
   (`create_fastapi_app` never serves the page, as upstream's);
 - an upstream `MCPEnvironment` (built on `fastmcp`) is served as one of ours made from its own `FastMCP` server
   (`UpstreamTools`): our server then lists and calls its tools with its own MCP code, while `reset`, `state` and
-  non-tool actions go to the upstream environment itself.
+  non-tool actions go to the upstream environment itself;
+- a plain upstream environment served with upstream's tool actions (`CallToolAction`, upstream's "MCP-style step") is
+  served with ours (`UpstreamToolSteps`): each action is copied into upstream's class on the way in, and each tool
+  observation into ours on the way out.
 """
 import os
 
@@ -20,11 +23,14 @@ if os.environ.get("OPENENV_SHIM") == "ours":
 
     import openenv.core.env_server as _pkg
     import openenv.core.env_server.http_server as _hs
+    from openenv.core.env_server import mcp_types as _up_types
     from openenv.core.env_server.mcp_environment import MCPEnvironment as _UpMCP
     from openenv.core.env_server.types import State as _UpState
 
     from openenv_nb import server as _ours
-    from openenv_nb.actions import accepted as _accepted
+    from openenv_nb import mcp as _our_types
+    from openenv_nb.actions import accepted as _accepted, call_env as _call_env
+    from openenv_nb.environment import Environment as _OurEnv
     from openenv_nb.mcp import MCPEnvironment as _OurMCP
 
     class UpstreamTools(_OurMCP):
@@ -52,15 +58,49 @@ if os.environ.get("OPENENV_SHIM") == "ours":
         def close(self):
             self.inner.close()
 
+    _TOOL_CLASSES = ("CallToolAction", "ListToolsAction", "CallToolObservation", "ListToolsObservation")
+    _TO_UPSTREAM = {getattr(_our_types, n): getattr(_up_types, n) for n in _TOOL_CLASSES}
+    _TO_OURS = {getattr(_up_types, n): getattr(_our_types, n) for n in _TOOL_CLASSES}
+
+    class UpstreamToolSteps(_OurEnv):
+        "A plain upstream environment that takes upstream's tool actions, served with ours: copied to upstream's on the way in, back on the way out."
+        _factory = None  # the upstream factory, set on each subclass by `_served`
+
+        def __init__(self):
+            self.inner = type(self)._factory()
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            kw = {"seed": seed, "episode_id": episode_id, **kwargs}
+            return self.inner.reset(**_accepted(self.inner.reset, {k: v for k, v in kw.items() if v is not None}))
+
+        def step(self, action, **kwargs):
+            raise NotImplementedError("served through step_async")
+
+        async def step_async(self, action, timeout_s=None, **kwargs):
+            up = _TO_UPSTREAM.get(type(action))
+            obs = await _call_env(self.inner, "step", None, up.model_validate(action.model_dump()) if up else action, timeout_s=timeout_s, **kwargs)
+            ours = _TO_OURS.get(type(obs))
+            return ours.model_validate(obs.model_dump()) if ours else obs
+
+        @property
+        def state(self):
+            return self.inner.state
+
+        def close(self):
+            self.inner.close()
+
     def _upstream_class(env):
         "The class an upstream factory builds, without building one: the class itself, or a factory's return annotation."
         if isinstance(env, type): return env
         target = env.func if isinstance(env, functools.partial) else env
         return getattr(target, "__annotations__", {}).get("return")
 
-    def _served(env):
-        "What our `create_app` serves for the upstream factory `env`: `env` itself, or an `UpstreamTools` class for an MCP one."
+    def _served(env, action_cls):
+        "What our `create_app` serves for the upstream factory `env`: `env` itself, or a class of ours around it for tools."
         cls = _upstream_class(env)
+        if action_cls in _TO_OURS and callable(env) and not (isinstance(cls, type) and issubclass(cls, _UpMCP)):
+            return type(f"Upstream{getattr(cls, '__name__', 'Env')}", (UpstreamToolSteps,), {
+                "_factory": staticmethod(env), "SUPPORTS_CONCURRENT_SESSIONS": getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False)})
         if not (isinstance(cls, type) and issubclass(cls, _UpMCP)): return env
         return type(f"Upstream{cls.__name__}", (UpstreamTools,), {
             "_factory": staticmethod(env), "SUPPORTS_CONCURRENT_SESSIONS": getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False)})
@@ -73,7 +113,7 @@ if os.environ.get("OPENENV_SHIM") == "ours":
 
     def _build(env, action_cls, observation_cls, *, max_concurrent_envs=None, concurrency_config=None, env_name=None,
                state_cls=_UpState, mode=None, reset_observation_cls=None, web=False):
-        return _ours.create_app(_served(env), action_cls, observation_cls, env_name=env_name, web=web, mode=mode,
+        return _ours.create_app(_served(env, action_cls), _TO_OURS.get(action_cls, action_cls), _TO_OURS.get(observation_cls, observation_cls), env_name=env_name, web=web, mode=mode,
                                 state_cls=state_cls, reset_observation_cls=reset_observation_cls,
                                 **_limits(max_concurrent_envs, concurrency_config))
 
