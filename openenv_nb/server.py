@@ -12,7 +12,7 @@ __all__ = ['EXTENSIONS', 'EXT_HEADER', 'MAX_BATCH', 'BATCH_MESSAGES', 'HOT', 'li
            'send_empty', 'respond', 'session_create', 'drop_session', 'session_close', 'reap_idle', 'reaper',
            'rpc_once', 'http_mcp', 'mcp', 'mcp_socket', 'deny', 'Guard', 'web_enabled', 'ConcurrencyError',
            'server_mode', 'default_capacity', 'message_limit', 'serve_tools', 'preflight', 'App', 'create_app', 'bind',
-           'LogGuard', 'transport_limit', 'server_config', 'serve', 'serve_in_thread']
+           'LogGuard', 'transport_limit', 'SteadyReads', 'server_config', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #a4df99d1
 import asyncio
@@ -1092,6 +1092,22 @@ def transport_limit(app # the app to serve
     hub = getattr(getattr(app, "state", None), "hub", None)
     return max(16 << 20, 4 * hub.max_message_size) if hub is not None else 16 << 20
 
+# %% ../nbs/02_server.ipynb #e33af586
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+# %% ../nbs/02_server.ipynb #406a8eaf
+class SteadyReads(WebSocketsSansIOProtocol):
+    "uvicorn's WebSocket protocol (`websockets-sansio`), but reads pause only once `high` messages wait for the app, not after each one."
+    high = 2  # messages waiting for the app before reads pause (uvicorn's own pauses at 1)
+
+    def send_receive_event_to_app(self):
+        held, self.read_paused = self.read_paused, True  # uvicorn pauses reads unless they are paused already
+        try: super().send_receive_event_to_app()
+        finally: self.read_paused = held
+        if not held and self.queue.qsize() >= self.high and not self.transport.is_closing():
+            self.read_paused = True
+            self.transport.pause_reading()
+
 # %% ../nbs/02_server.ipynb #ec4ee88a
 _log_guard = LogGuard()
 
@@ -1103,7 +1119,7 @@ def server_config(app: FastAPI, # the app to serve
     "The uvicorn settings every openenv-nb server runs with (and `LogGuard` on uvicorn's log)."
     logging.getLogger("uvicorn.error").addFilter(_log_guard)
     return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size or transport_limit(app), ws_per_message_deflate=compression,
-                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5)
+                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5, ws=SteadyReads)
 
 # %% ../nbs/02_server.ipynb #a3f849ca
 @delegates(server_config, but=["app"])

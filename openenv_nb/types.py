@@ -31,7 +31,7 @@ class Observation(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
     done: bool = Field(default=False, description="Whether the episode has ended")
     reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Extra data for the client (kept on the wire by the `metadata` extension)")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Extra data for the client (sent in the observation, and copied to the reply's top level when not empty)")
 
 # %% ../nbs/00_types.ipynb #929ed7fa
 class State(BaseModel):
@@ -173,18 +173,17 @@ def type_args(cls: type, # a class that subclasses `base[...]` somewhere
     return ()
 
 # %% ../nbs/00_types.ipynb #a3bbedbe
-import contextlib
 import orjson
 
 # %% ../nbs/00_types.ipynb #dc4f5ea1
 _DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
-_RUN = b"0" * 19
+_RUN, _SPACED_RUN = b"0" * 19, b" " + b"0" * 19
 
 def _long_int(raw: bytes # JSON text, as UTF-8
              ) -> bool:
     "Whether `raw` may hold an integer of 19 digits or more: a run of 19 digits with no digit or `.` before it."
     t = raw.translate(_DIGITS)
-    return t.startswith(_RUN) or b" " + _RUN in t
+    return t.startswith(_RUN) or _SPACED_RUN in t
 
 # %% ../nbs/00_types.ipynb #7dc7cdf6
 def loads(text: str | bytes # JSON text
@@ -192,7 +191,8 @@ def loads(text: str | bytes # JSON text
     "`json.loads(text)`, computed by orjson wherever that gives the same result; `json`'s result or error otherwise."
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if not _long_int(raw):
-        with contextlib.suppress(orjson.JSONDecodeError): return orjson.loads(raw)
+        try: return orjson.loads(raw)
+        except orjson.JSONDecodeError: pass  # `json` says what is wrong, in its own words
     return json.loads(text)
 
 # %% ../nbs/00_types.ipynb #8c90039e

@@ -217,3 +217,13 @@ def test_a_20_mb_frame_is_refused_by_default():
     with serve_in_thread(create_app(EchoEnvironment)) as url, pytest.raises(ConnectionClosedError) as e:
         asyncio.run(send_big(url))
     assert e.value.rcvd.code == 1009 and "exceeds limit of 16777216 bytes" in e.value.rcvd.reason  # from the transport
+
+
+def test_pipelined_frames_are_all_answered_in_order(echo_url):
+    "A client that sends 200 steps without waiting gets 200 answers, in order: reads pause and resume as the server keeps up."
+    async def run():
+        async with connect(ws_url(echo_url), compression=None) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {}})); await ws.recv()
+            for k in range(200): await ws.send(json.dumps({"type": "step", "data": {"message": f"m{k}"}}))
+            return [json.loads(await ws.recv())["data"]["observation"]["echoed_message"] for _ in range(200)]
+    assert asyncio.run(run()) == [f"m{k}" for k in range(200)]
