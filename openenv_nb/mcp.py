@@ -108,7 +108,7 @@ def parse_action(data: dict, # a step's data, as sent
                 ) -> Action:
     "The action `data` describes: a tool action when its `type` names one (and `tools`), else an `action_cls`."
     cls = TOOL_ACTIONS.get(data.get("type")) if tools and isinstance(data, dict) else None
-    return (cls or action_cls).model_validate(data)
+    return (cls or action_cls).__pydantic_validator__.validate_python(data)  # `model_validate` without its wrapper: every step
 
 # %% ../nbs/01b_mcp.ipynb #d55dcd4c
 _SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Returns?|Raises|Yields?|Examples?|Notes?)\s*:\s*$", re.M)

@@ -73,7 +73,8 @@ def to_envelope(obs: Observation, # the observation an environment returned
                 metadata: bool = True # unused: kept for callers of the old `metadata` extension
                ) -> dict:
     "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, plus `metadata` when not empty."
-    env = {"observation": obs.model_dump(mode="json", exclude=_LIFTED), "reward": obs.reward, "done": obs.done}
+    fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)  # `model_dump` without its wrapper
+    env = {"observation": fields, "reward": obs.reward, "done": obs.done}
     if obs.metadata: env["metadata"] = env["observation"]["metadata"]
     return env
 
