@@ -9,7 +9,7 @@ __all__ = ['PROTOCOL', 'BEARER', 'SAFE', 'OPEN', 'QUICK_S', 'QUICK_RUNS', 'RUBRI
            'accepted', 'call_env', 'origin_of', 'own_origins', 'offered_tokens', 'Doors', 'heads', 'chosen_protocol',
            'Hub', 'invalid', 'raised', 'factory_error', 'at_capacity', 'Kind', 'step_limit', 'Checked', 'act',
            'http_reply', 'HTTPError', 'ResetMsg', 'StepMsg', 'StateMsg', 'CloseMsg', 'McpMsg', 'decode', 'unreadable',
-           'reply', 'next_message', 'IdleTimer']
+           'reply', 'IdleTimer']
 
 # %% ../nbs/01a_actions.ipynb #6f441b6c
 import asyncio
@@ -502,15 +502,6 @@ async def reply(text: str | None, # the frame's text; `None` for a binary frame
     if rid is not None: m["id"] = rid
     return m
 
-# %% ../nbs/01a_actions.ipynb #9f604858
-async def next_message(ws, # a WebSocket (anything with an async `receive`)
-                       timeout: float | None # seconds of silence allowed; `None` forever
-                      ) -> dict | None:
-    "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
-    try:
-        async with asyncio.timeout(timeout): return await ws.receive()
-    except TimeoutError: return None
-
 # %% ../nbs/01a_actions.ipynb #d5dc76c3
 class IdleTimer:
     "One session's frame waits with a time limit: one loop timer, re-armed only when it fires early, instead of one `asyncio.timeout` per frame."
@@ -531,7 +522,7 @@ def _fire(self):
 @patch_to(IdleTimer)
 async def receive(self, timeout: float | None # seconds of silence allowed; `None` forever
                  ) -> dict | None:
-    "The next ASGI message of `ws`, as `next_message`: `None` after `timeout` seconds of silence."
+    "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
     if timeout is None: return await self.ws.receive()
     self.deadline = self.loop.time() + timeout
     if self.handle is not None and self.handle.when() > self.deadline: self.handle.cancel(); self.handle = None

@@ -42,7 +42,7 @@ from starlette.websockets import WebSocket, WebSocketState
 from . import __version__
 from .actions import (ENVELOPE, MESSAGES, Checked, CloseMsg, Doors, HTTPError, Hub, IdleTimer, ResetMsg, StateMsg, StepMsg, accepted,
                                 act, at_capacity, call_env, chosen_protocol, decode, dumps, factory_error, heads, http_reply,
-                                loads, next_message, reply, unreadable)
+                                loads, reply, unreadable)
 from .environment import Environment, env_types
 from .types import Action, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State, StepRequest, error_frame
 from .web import add_web_interface
@@ -762,10 +762,10 @@ async def mcp_socket(ws: WebSocket):
     if hub.active >= hub.max_sessions:
         await _send(ws, rpc_error(None, SERVER_ERROR, *_full(hub)))
         return await ws.close()
-    hub.active, env = hub.active + 1, None
+    hub.active, env, idle = hub.active + 1, None, IdleTimer(ws)
     try:
         env = await hub.make_env()
-        while (msg := await next_message(ws, hub.session_timeout)) is not None and msg["type"] != "websocket.disconnect":
+        while (msg := await idle.receive(hub.session_timeout)) is not None and msg["type"] != "websocket.disconnect":
             text = msg.get("text") or msg.get("bytes") or ""
             reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"] if len(text) <= hub.max_message_size else \
                     rpc_error(None, -32600, f"Message of {len(text)} characters is over the limit of {hub.max_message_size}")
@@ -773,6 +773,7 @@ async def mcp_socket(ws: WebSocket):
     except Exception as e:
         with contextlib.suppress(Exception): await _send(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
     finally:
+        idle.close()
         hub.active -= 1
         if env is not None: await hub.close_env(env)
         if ws.application_state is WebSocketState.CONNECTED:

@@ -23,7 +23,7 @@ from fastcore.basics import patch_to
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketState
 
-from .actions import ENVELOPE, KINDS, Hub, act, chosen_protocol, http_reply, next_message, reply
+from .actions import ENVELOPE, KINDS, Hub, IdleTimer, act, chosen_protocol, http_reply, reply
 from .environment import Environment
 from .forms import form_fields, image_fields, is_tool_action, reward_parts, tool_forms, tool_spec
 from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame
@@ -219,15 +219,17 @@ async def ui_endpoint(ws: WebSocket):
     "The `/ws/ui` route: one page, watching and driving the page's episode, until it leaves or is silent too long."
     web: WebEpisode = ws.app.state.web
     await ws.accept(subprotocol=chosen_protocol(ws))
+    idle = IdleTimer(ws)
     try:
         if not await web.join(ws): return
-        while (msg := await next_message(ws, web.hub.session_timeout)) is not None:
+        while (msg := await idle.receive(web.hub.session_timeout)) is not None:
             if msg["type"] == "websocket.disconnect": return
             out = await web.handle(msg.get("text"))
             if out is None or not await web.send(ws, out): return
         if await web.send(ws, _idle(web.hub)): await ws.close(code=IDLE_CLOSE, reason="idle")
     except Exception: pass  # the page went away mid-frame; nothing else to tell it
     finally:
+        idle.close()
         await web.leave(ws)
         if ws.application_state is WebSocketState.CONNECTED:
             with contextlib.suppress(Exception): await ws.close()
