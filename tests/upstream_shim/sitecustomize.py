@@ -33,20 +33,13 @@ if os.environ.get("OPENENV_SHIM") == "ours":
     from openenv_nb.environment import Environment as _OurEnv
     from openenv_nb.mcp import MCPEnvironment as _OurMCP
 
-    class UpstreamTools(_OurMCP):
-        "One of our tool environments around an upstream `MCPEnvironment`: its `FastMCP` tools, its reset, state and actions."
+    class Around:
+        "What our environments around an upstream one share: it is made by the factory `_served` sets, and keeps the episode."
         _factory = None  # the upstream factory, set on each subclass by `_served`
-
-        def __init__(self):
-            self.inner = type(self)._factory()
-            super().__init__(mcp_server=self.inner.mcp_server)
 
         def reset(self, seed=None, episode_id=None, **kwargs):
             kw = {"seed": seed, "episode_id": episode_id, **kwargs}
             return self.inner.reset(**_accepted(self.inner.reset, {k: v for k, v in kw.items() if v is not None}))
-
-        def _step_impl(self, action, timeout_s=None, **kwargs):
-            return self.inner.step(action, **_accepted(self.inner.step, {"timeout_s": timeout_s, **kwargs}))
 
         @property
         def state(self):
@@ -58,20 +51,23 @@ if os.environ.get("OPENENV_SHIM") == "ours":
         def close(self):
             self.inner.close()
 
+    class UpstreamTools(Around, _OurMCP):
+        "One of our tool environments around an upstream `MCPEnvironment`: its `FastMCP` tools, its reset, state and actions."
+        def __init__(self):
+            self.inner = type(self)._factory()
+            super().__init__(mcp_server=self.inner.mcp_server)
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return self.inner.step(action, **_accepted(self.inner.step, {"timeout_s": timeout_s, **kwargs}))
+
     _TOOL_CLASSES = ("CallToolAction", "ListToolsAction", "CallToolObservation", "ListToolsObservation")
     _TO_UPSTREAM = {getattr(_our_types, n): getattr(_up_types, n) for n in _TOOL_CLASSES}
     _TO_OURS = {getattr(_up_types, n): getattr(_our_types, n) for n in _TOOL_CLASSES}
 
-    class UpstreamToolSteps(_OurEnv):
+    class UpstreamToolSteps(Around, _OurEnv):
         "A plain upstream environment that takes upstream's tool actions, served with ours: copied to upstream's on the way in, back on the way out."
-        _factory = None  # the upstream factory, set on each subclass by `_served`
-
         def __init__(self):
             self.inner = type(self)._factory()
-
-        def reset(self, seed=None, episode_id=None, **kwargs):
-            kw = {"seed": seed, "episode_id": episode_id, **kwargs}
-            return self.inner.reset(**_accepted(self.inner.reset, {k: v for k, v in kw.items() if v is not None}))
 
         def step(self, action, **kwargs):
             raise NotImplementedError("served through step_async")
@@ -81,13 +77,6 @@ if os.environ.get("OPENENV_SHIM") == "ours":
             obs = await _call_env(self.inner, "step", None, up.model_validate(action.model_dump()) if up else action, timeout_s=timeout_s, **kwargs)
             ours = _TO_OURS.get(type(obs))
             return ours.model_validate(obs.model_dump()) if ours else obs
-
-        @property
-        def state(self):
-            return self.inner.state
-
-        def close(self):
-            self.inner.close()
 
     def _upstream_class(env):
         "The class an upstream factory builds, without building one: the class itself, or a factory's return annotation."
