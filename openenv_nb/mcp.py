@@ -10,7 +10,7 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
            'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'resumed', 'within',
-           'context_param', 'server_tools', 'with_context', 'fastmcp_context', 'tool', 'new_episode_id',
+           'context_param', 'server_tools', 'with_context', 'fastmcp_context', 'tool', 'new_episode_id', 'ToolSession',
            'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request',
            'RpcCall', 'mcp_result', 'rpc']
 
@@ -420,7 +420,7 @@ def with_context(t: FunctionTool, # a tool whose function takes a context (its `
 
 # %% ../nbs/01b_mcp.ipynb #9e31d3de
 def fastmcp_context(server, # a `fastmcp.FastMCP`
-                    session # what keeps one environment's fastmcp session state: its `_fastmcp_state_prefix`
+                    session # one environment's `ToolSession`: the key of its fastmcp state
                    ) -> contextlib.AbstractAsyncContextManager:
     "A fastmcp `Context` of `server`, whose `get_state`/`set_state` keep state for `session`, for one tool call."
     from fastmcp import Context
@@ -450,6 +450,16 @@ def new_episode_id() -> str:
     b[6], b[8] = b[6] & 0x0F | 0x40, b[8] & 0x3F | 0x80
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+# %% ../nbs/01b_mcp.ipynb #427d4e51
+class ToolSession:
+    "The session fastmcp's `Context` sees in a tool we call directly: a key for the environment's state, and no client to send to."
+    def __init__(self): self._fastmcp_state_prefix = new_episode_id()  # where fastmcp keeps a session's id, which names its state
+    async def send_log_message(self, **kwargs): pass  # fastmcp has written the message to its own server log already
+
+    def __getattr__(self, name):
+        raise AttributeError(f"No MCP client session behind this tool call (openenv-nb calls tools directly), so fastmcp's "
+                             f"Context cannot use {name!r}; state (get_state/set_state), session_id and logging work")
 
 # %% ../nbs/01b_mcp.ipynb #70c48633
 class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
@@ -499,7 +509,7 @@ MCPEnvironment.mcp_server.__set_name__(MCPEnvironment, "mcp_server")
 @patch_to(MCPEnvironment)
 def _tools(self) -> ToolSet:
     "Every tool of this environment: its server's (a context made for this environment), then its class's `@tool` methods bound to it."
-    ts, session = ToolSet(type(self).__name__), types.SimpleNamespace(_fastmcp_state_prefix=new_episode_id())
+    ts, session = ToolSet(type(self).__name__), ToolSession()
     for t in server_tools(self.mcp_server): ts.add(with_context(t, partial(fastmcp_context, self.mcp_server, session)) if t.context else t)
     for attr, t in self._class_tools.values(): ts.add(replace(t, fn=getattr(self, attr)))
     return ts

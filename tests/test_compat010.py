@@ -1168,6 +1168,13 @@ async def inc_counter(ctx: Context) -> str:
     await ctx.set_state("counter", count + 1)
     return str(count + 1)
 
+@mcp.tool
+async def chatty(ctx: Context) -> str:
+    "Log, then ask the client's model (which needs a client)."
+    await ctx.info("thinking")
+    await ctx.sample("hi")
+    return "never"
+
 class Stateful(MCPEnvironment):
     SUPPORTS_CONCURRENT_SESSIONS = True
     def __init__(self): super().__init__(mcp)
@@ -1184,6 +1191,8 @@ with TestClient(create_app(Stateful)) as client:
         for _ in range(2): ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "inc_counter"}}})
         out["ws"] = [ws.receive_json()["data"]["result"]["data"] for _ in range(2)]
     out["schema"] = client.post("/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).json()["result"]["tools"][0]["inputSchema"]
+    chat = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "chatty", "arguments": {}}}
+    out["chatty"] = client.post("/mcp", json=chat).json()["error"]["message"]
 print(json.dumps(out))
 """
 
@@ -1194,6 +1203,7 @@ def test_fastmcp_context_state_lasts_a_session(upstream_py):
     r = subprocess.run([upstream_py, "-c", FASTMCP_CONTEXT], capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "No MCP client session behind this tool call" in out.pop("chatty")  # it logged, then could not sample
     assert out == {"http_a": ["1", "2"], "http_b": ["1"], "stateless": ["1", "1"], "ws": ["1", "2"],
                    "schema": {"additionalProperties": False, "properties": {}, "type": "object"}}
 
