@@ -213,7 +213,7 @@ def _tests_module(name: str):
 
 
 def upstream_python() -> str:
-    """Python with openenv 0.10.0: ``$OPENENV_UPSTREAM_PYTHON`` or ``.venv-upstream`` (``tests/upstream_venv.py``)."""
+    """Python with openenv 0.10.0: ``$OPENENV_UPSTREAM_PYTHON`` or the cache's ``venv-upstream`` (``tests/upstream_venv.py``)."""
     py, why = _tests_module("upstream_venv").upstream_python_why()
     if py is None:
         raise RuntimeError(why)
@@ -221,24 +221,11 @@ def upstream_python() -> str:
 
 
 def core_python() -> str:
-    """Python with openenv-core 0.2.3: as the tests find it (``tests/core_venv.py``), else bench/.venv-core (created)."""
-    try:
-        py, _ = _tests_module("core_venv").core_python_why()
-        if py:
-            return py
-    except Exception:  # fall back to the bench's own venv below
-        pass
-    if os.environ.get("OPENENV_CORE_PYTHON"):
-        return os.environ["OPENENV_CORE_PYTHON"]
-    if Path("/opt/oecore/bin/python").exists():
-        return "/opt/oecore/bin/python"
-    venv = BENCH / ".venv-core"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        print(f"creating {venv} with openenv-core==0.2.3 ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "openenv-core==0.2.3"], check=True)
-    return str(py)
+    """Python with openenv-core 0.2.3, as the tests find it (``tests/core_venv.py``: created in the cache on first use)."""
+    py, why = _tests_module("core_venv").core_python_why()
+    if py is None:
+        raise RuntimeError(why)
+    return py
 
 
 def server_command(name: str, port: int) -> list[str]:

@@ -13,7 +13,7 @@ Measured, alternating Docker and local runs so that both see the same machine no
 - **noise**: a fixed pure-Python loop timed before and after, and the load average.
 
 Usage: python bench/bench_docker.py [--repeat 5] [--pool 8] [--steps 2000] [--no-cache]
-Needs a Docker engine (``bash ../shared/ci/docker-up.sh``); builds on ``$OPENENV_BASE_IMAGE`` or the local base.
+Needs a running Docker engine; builds on ``$OPENENV_BASE_IMAGE`` or the local base.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Environments on Meta's `openenv` 0.10.0 (PyPI), served the way its users serve them.
 
-Runs in the upstream venv (`.venv-upstream`, see `tests/upstream_venv.py`), never in the main interpreter. Every app is
+Runs in the upstream venv (`venv-upstream` in the tests' cache folder, see `tests/upstream_venv.py`), never in the main interpreter. Every app is
 built with upstream's `create_app` and served by uvicorn with its defaults, so with uvloop and httptools when they are
 installed, as users get them. The environments mirror openenv-nb's:
 

@@ -22,7 +22,7 @@ from .images import ImageBuildError, build, default_tag, is_builtin
 from .manifest import ManifestError, load_manifest, manifest_path
 from .providers import die_with_parent
 from .push import PushError, push
-from .registry import format_table, list_envs
+from .registry import family_names, format_table, list_envs
 from .sandbox import SandboxError
 from .scaffold import ScaffoldError, init_project, placeholders
 from .server import serve
@@ -178,7 +178,11 @@ def cmd_demo(a: Namespace) -> int:
 
 # %% ../nbs/07_cli.ipynb #dbca4242
 def cmd_list(a: Namespace) -> int:
-    "List the environments known here: the built-ins, the families, and those that installed packages declare."
+    "List the environments known here (the built-ins, the families, what installed packages declare), or a family's."
+    if a.family:
+        names = family_names(a.family)
+        print(json.dumps(names) if a.json else "\n".join(names))
+        return 0
     entries = list_envs()
     print(json.dumps([e.model_dump() for e in entries], indent=2) if a.json else format_table(entries))
     return 0
@@ -320,10 +324,12 @@ def _demo_parser(sub):
 
 # %% ../nbs/07_cli.ipynb #a479ae4a
 def _list_parser(sub):
-    "`openenv list [--json]`."
+    "`openenv list [FAMILY] [--json]`."
     l = _sub(sub, "list", cmd_list, "list the environments known here",
-             "examples:\n  openenv list\n  openenv list --json     name, target, source, description, action fields, problem\n\n"
+             "examples:\n  openenv list\n  openenv list --json     name, target, source, description, action fields, problem\n"
+             "  openenv list gym        every target of a family: gym, openspiel, textarena, chess\n\n"
              "A package adds its own with an entry point in group openenv_nb.envs: NAME = \"module:attribute\".")
+    l.add_argument("family", nargs="?", help="a family (gym, openspiel, textarena, chess): list the targets it serves")
     l.add_argument("--json", action="store_true", help="print the list as JSON")
 
 # %% ../nbs/07_cli.ipynb #e49fc031
@@ -345,5 +351,8 @@ def main(argv: list[str] | None = None # the arguments; default `sys.argv[1:]`
     except FAILURES as e:
         print(f"openenv {a.command}: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `openenv list gym | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m openenv_nb.cli`, not in this notebook

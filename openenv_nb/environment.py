@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/environment.html.md"""
 
 # %% auto #0
 __all__ = ['ActT', 'ObsT', 'StateT', 'Transform', 'Environment', 'overrides', 'Steps', 'batch_hook', 'env_types', 'split_spec',
-           'join_spec']
+           'join_spec', 'unknown_name']
 
 # %% ../nbs/01_environment.ipynb #bccbafd0
 import functools
@@ -170,7 +170,9 @@ def answer(self: Environment) -> str | None:
     return None
 
 # %% ../nbs/01_environment.ipynb #6af64e86
+import difflib
 import json
+from typing import Iterable
 from urllib.parse import unquote_plus, urlencode
 
 # %% ../nbs/01_environment.ipynb #eedb3af0
@@ -200,3 +202,16 @@ def join_spec(name: str, # the name, e.g. `"FrozenLake-v1"`; `""` for a family w
              ) -> str:
     "The target spec of `name` with `options`: what `split_spec` reads back."
     return name + ("?" + urlencode({k: json.dumps(v) for k, v in options.items()}) if options else "")
+
+# %% ../nbs/01_environment.ipynb #818e13c2
+def unknown_name(family: str, # the family, as `openenv list FAMILY` names it, e.g. `"gym"`
+                 name: str, # the name asked for
+                 names: Iterable[str], # the names there are
+                 what: str = "environment", # what a name stands for: an environment, a game, an opponent
+                ) -> ValueError:
+    "The error for a `name` that is not among `names`: the nearest ones, and the command that lists them all."
+    names = list(names)
+    low = {n.lower(): n for n in names}
+    near = [low[n] for n in difflib.get_close_matches(name.lower(), list(low), n=3, cutoff=0.6)]
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    return ValueError(f"{family} has no {what} {name!r}{hint} (`openenv list {family}` lists all {len(names)})")

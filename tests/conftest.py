@@ -1,5 +1,6 @@
 """Shared fixtures: real servers in subprocesses, and skips that CI turns into failures."""
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,17 @@ def need(what: str, ok: bool, reason: str):
     if what in required or "all" in required:
         pytest.fail(f"{reason} (required here: OPENENV_REQUIRE={os.environ['OPENENV_REQUIRE']})")
     pytest.skip(reason)
+
+
+TRL_INSTALL = ("pip install torch --index-url https://download.pytorch.org/whl/cpu && pip install -e '.[trl]' "
+               "(the CPU build of torch first: a plain install takes a CUDA build of several GB)")
+
+
+def need_trl():
+    "Skip unless TRL, transformers and torch import (the `trl` extra), saying how to install them; fail where required."
+    import importlib.util
+    missing = [m for m in ("trl", "transformers", "torch") if importlib.util.find_spec(m) is None]
+    need("trl", not missing, f"needs the trl extra ({', '.join(missing)} missing): {TRL_INSTALL}")
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +68,19 @@ def server():
     for p in started: p.stop()
 
 
-LOCAL_BASE = "openenv-nb/base:py3.11"  # what ../shared/ci/docker-up.sh builds
+LOCAL_BASE = "openenv-nb/base:py3.11"  # the local Python base image CI builds where no registry can be reached
+CHROMIUM = os.environ.get("OPENENV_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def need_browser():
+    """Playwright's `sync_playwright` and Chromium at `CHROMIUM` (else skip with the command that installs what is
+    missing, or fail where required); never a browser download."""
+    try: from playwright.sync_api import sync_playwright
+    except ImportError: sync_playwright = None
+    why = ("needs Playwright for Python: pip install -e '.[dev]'" if sync_playwright is None else
+           f"needs Chromium at {CHROMIUM}: sudo apt-get install chromium (or set OPENENV_CHROMIUM to its path)")
+    need("browser", sync_playwright is not None and os.path.exists(CHROMIUM), why)
+    return sync_playwright
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +89,7 @@ def docker_engine():
     OPENENV_BASE_IMAGE is unset and one was built, since no registry can be reached here."""
     try:
         client = docker_client(); client.ping()
-    except Exception as e: client, why = None, f"no Docker engine: {e} (start one with: bash ../shared/ci/docker-up.sh)"
+    except Exception as e: client, why = None, f"no Docker engine: start one (e.g. sudo systemctl start docker) and run again ({e})"
     need("docker", client is not None, client is None and why)
     if not os.environ.get("OPENENV_BASE_IMAGE"):
         try:

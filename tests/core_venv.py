@@ -2,10 +2,10 @@
 
 `core_python()` looks, in order, at:
 1. `$OPENENV_CORE_PYTHON`, if set (used as given; it is an error if it cannot import `openenv`);
-2. `<repo>/.venv-core/bin/python`, if it imports `openenv-core` 0.2.3;
+2. `venv-core` in the tests' cache folder (`tests/cache.py`: `~/.cache/openenv-nb`), if it imports `openenv-core` 0.2.3;
 3. `/opt/oecore/bin/python` (where this project's machines preinstall it), if it does;
-4. otherwise it creates `<repo>/.venv-core` (`python -m venv`, then `pip install openenv-core==0.2.3`), once: an
-   exclusive `flock` on `.venv-core/.lock` makes concurrent pytest processes wait for the first one's install.
+4. otherwise it creates that `venv-core` (`python -m venv`, then `pip install openenv-core==0.2.3`; about 250 MB), once:
+   an exclusive `flock` on `venv-core/.lock` makes concurrent pytest processes wait for the first one's install.
 
 It returns `None` when none of these works; `core_python_why()` gives the path or the reason.
 """
@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cache import cache_dir
+
 VERSION = "0.2.3"
 PRESET = Path("/opt/oecore/bin/python")
 INSTALL_TIMEOUT_S = 600
@@ -39,7 +40,7 @@ def _probe(python: Path, timeout: float = 120) -> str:
 
 def _create(venv: Path) -> str:
     "Make `venv` with openenv-core; '' on success, else why it failed. Holds a lock while it works."
-    venv.mkdir(exist_ok=True)  # `.venv*/` is git-ignored; the lock lives inside it
+    venv.mkdir(parents=True, exist_ok=True)  # the lock lives inside it
     py = venv / "bin" / "python"
     with open(venv / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be installing: wait for it, then look again
@@ -61,15 +62,15 @@ def _create(venv: Path) -> str:
         finally: fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def core_python_why(root: Path = ROOT) -> tuple[str | None, str]:
-    "`(python, where it came from)`, or `(None, why there is none)`; computed once per process and root."
-    root = Path(root)
+def core_python_why(root: Path | None = None) -> tuple[str | None, str]:
+    "`(python, where it came from)`, or `(None, why there is none)`; computed once per process and cache folder."
+    root = Path(root) if root else cache_dir()
     if root in _cache: return _cache[root]
     if env := os.environ.get("OPENENV_CORE_PYTHON"):
         why = _probe(Path(env))
         res = (None, f"$OPENENV_CORE_PYTHON: {why}") if why else (env, "$OPENENV_CORE_PYTHON")
     else:
-        venv, res, whys = root / ".venv-core", None, []
+        venv, res, whys = root / "venv-core", None, []
         for cand in (venv / "bin" / "python", PRESET):
             why = _probe(cand)
             if not why: res = (str(cand), str(cand)); break
@@ -82,7 +83,7 @@ def core_python_why(root: Path = ROOT) -> tuple[str | None, str]:
     return res
 
 
-def core_python(root: Path = ROOT) -> str | None:
+def core_python(root: Path | None = None) -> str | None:
     "The python of a venv with openenv-core 0.2.3, or `None` (see `core_python_why` for the reason)."
     return core_python_why(root)[0]
 

@@ -3,14 +3,13 @@ can serve; a family's image built, started with DockerProvider and played), the 
 small, named by the catalog; tools/screenshots.py still makes them), and the README's table listing them."""
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, need
+from conftest import ROOT, need, need_browser
 from openenv_nb.images import CLIENT_SIDE, IMAGES, build, builtin_dockerfile, check_dockerfile
 from openenv_nb.providers import DockerProvider
 from openenv_nb.targets import BUILTINS, FAMILIES, TargetError, resolve
@@ -70,10 +69,7 @@ def test_the_catalog_covers_every_environment():
 
 @pytest.mark.browser
 def test_the_screenshot_script_runs(tmp_path):
-    try: import playwright  # noqa: F401
-    except ImportError: playwright = None
-    need("browser", playwright is not None and os.path.exists(screenshots.CHROMIUM),
-         f"needs Playwright for Python and Chromium at {screenshots.CHROMIUM} (apt-get install chromium)")
+    need_browser()
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "screenshots.py"), "echo", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr

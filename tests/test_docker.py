@@ -1,5 +1,5 @@
 """Environments in real Docker containers: images built once per session, episodes over WS and HTTP, failures that
-leave nothing behind, pools, and the clean-up of crashed callers. Needs a Docker engine (`bash ../shared/ci/docker-up.sh`);
+leave nothing behind, pools, and the clean-up of crashed callers. Needs a running Docker engine;
 skipped without one unless OPENENV_REQUIRE names `docker`."""
 import asyncio
 import os

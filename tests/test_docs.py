@@ -1,55 +1,24 @@
 """The docs site, checked without Quarto: every notebook processes, renders to HTML, and the pages hold together."""
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import need
+from conftest import need_browser, CHROMIUM
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+import preview_docs  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 NBS = ROOT / "nbs"
-CHROMIUM = os.environ.get("OPENENV_CHROMIUM", "/usr/bin/chromium")
-CELL_KEYS = {"cell_type", "id", "metadata", "source", "outputs", "execution_count", "attachments"}
-
-
-def clean_cell(c: dict) -> dict:
-    "A processed cell as nbformat accepts it: standard keys, no timing metadata, no execution counts on displays."
-    keys = CELL_KEYS if c["cell_type"] == "code" else CELL_KEYS - {"outputs", "execution_count"}
-    c = {k: v for k, v in c.items() if k in keys} | {"metadata": {}}
-    for o in c.get("outputs", []):
-        if o.get("output_type") != "execute_result": o.pop("execution_count", None)
-    return c
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """`nbdev-proc-nbs` on a copy of the project, then every processed notebook rendered to HTML by nbconvert."""
-    work = tmp_path_factory.mktemp("docs")
-    for name in ("nbs", "openenv_nb"): shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("_proc", "__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
-    r = subprocess.run(["nbdev-proc-nbs"], cwd=work, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    proc, out = work / "_proc", work / "preview"
-    pages = sorted(p for p in proc.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-    for nb in pages:
-        dest = out / nb.relative_to(proc).parent
-        dest.mkdir(parents=True, exist_ok=True)
-        clean = work / "clean" / nb.relative_to(proc)  # nbdev's processor leaves keys (e.g. `has_sd`) that nbformat refuses
-        clean.parent.mkdir(parents=True, exist_ok=True)
-        d = json.loads(nb.read_text())
-        d["cells"] = [clean_cell(c) for c in d["cells"] if c["cell_type"] != "raw"]  # raw cells are Quarto's front matter
-        clean.write_text(json.dumps(d))
-        r = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(dest), str(clean)],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, f"{nb.name}: {r.stderr[-2000:]}"
-    for html in out.rglob("*.html"):  # links between notebooks point at their pages
-        html.write_text(re.sub(r'href="([^"#:]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html.read_text()))
-    return {"proc": proc, "out": out, "pages": pages, "nbs": work / "nbs"}
+    """The site as `tools/preview_docs.py` renders it without Quarto: `nbdev-proc-nbs` on a copy, then nbconvert."""
+    return preview_docs.build(tmp_path_factory.mktemp("preview"), tmp_path_factory.mktemp("docs"))
 
 
 def test_every_notebook_processes_and_renders(site):
@@ -80,9 +49,7 @@ def test_api_pages_document_every_public_function_and_class(site):
 
 
 def test_pages_in_a_browser(site):
-    try: from playwright.sync_api import sync_playwright
-    except ImportError: sync_playwright = None
-    need("browser", sync_playwright is not None and os.path.exists(CHROMIUM), f"needs playwright and Chromium at {CHROMIUM}")
+    sync_playwright = need_browser()
     out = site["out"]
     broken = []
     with sync_playwright() as p:
@@ -96,8 +63,7 @@ def test_pages_in_a_browser(site):
                 target = (html.parent / href.split("#")[0]).resolve()
                 if not target.exists(): broken.append(f"{html.relative_to(out)} -> {href}")
         page.goto((out / "index.html").as_uri())
-        (ROOT / "artifacts").mkdir(exist_ok=True)
-        page.screenshot(path=str(ROOT / "artifacts" / "docs-index.png"), full_page=True)
+        page.screenshot(path=str(out / "index.png"), full_page=True)
         browser.close()
     assert not broken, broken
 

@@ -1,4 +1,6 @@
 """Every notebook under nbs/ runs top to bottom, as `nbdev-test` runs it: one pytest item each."""
+import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -6,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import need_trl
+
 ROOT = Path(__file__).parent.parent
 NBS = ROOT / "nbs"
 NOTEBOOKS = sorted(p for p in NBS.rglob("*.ipynb") if not any(part.startswith((".", "_")) for part in p.relative_to(NBS).parts))
 SKIP_FLAGS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["nbdev"].get("tst_flags", "").split()
+TRL = re.compile(r"^\s*(?:from|import)\s+(?:trl|transformers|torch)\b", re.M)  # what needs the trl extra
 RUN = "import sys, nbdev.test as nbt; ok, _ = nbt.test_nb(sys.argv[1], skip_flags=sys.argv[2:]); sys.exit(0 if ok else 1)"
 
 
@@ -20,5 +25,7 @@ def test_skip_flags_come_from_pyproject():
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[str(p.relative_to(NBS)) for p in NOTEBOOKS])
 def test_notebook(nb):
+    code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+    if TRL.search(code): need_trl()
     r = subprocess.run([sys.executable, "-c", RUN, str(nb), *SKIP_FLAGS], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{nb.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"

@@ -13,9 +13,9 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
-    """The wheel and sdist built from this tree."""
+    """The sdist built from this tree, and the wheel built from the sdist (as pip does; no `build/` left in the tree)."""
     out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
+    r = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     wheel, sdist = next(out.glob("openenv_nb-*.whl")), next(out.glob("openenv_nb-*.tar.gz"))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import need, start_server
+from conftest import need_trl, start_server
 from openenv_nb.environment import Environment
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoObservation
 from openenv_nb.types import State
@@ -53,11 +53,9 @@ def classic_url():
 def trl_kit():
     """TRL, its config and `datasets` (imported here, not at the top, so that the server process that imports this
     module for `Lottery` stays light)."""
-    try:
-        from datasets import Dataset
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError as e:
-        need("trl", False, f"needs TRL and torch: pip install 'openenv-nb[trl]' ({e})")
+    need_trl()
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return SimpleNamespace(Dataset=Dataset, GRPOConfig=GRPOConfig, GRPOTrainer=GRPOTrainer)
 

@@ -5,9 +5,7 @@ Screenshots go to artifacts/ (git-ignored), for a person to look at.
 """
 import importlib.util
 import json
-import os
 import re
-import shutil
 from enum import Enum
 from typing import Literal
 
@@ -16,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import Field, field_validator
 
-from conftest import ROOT, need, start_server
+from conftest import ROOT, start_server, need_browser, CHROMIUM
 from openenv_nb.client import GenericEnvClient
 from openenv_nb.environment import Environment
 from openenv_nb.server import create_app, serve_in_thread
@@ -24,7 +22,6 @@ from openenv_nb.types import Action, Observation, State
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("OPENENV_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
 ARTIFACTS = ROOT / "artifacts"
 HAS_CODING = importlib.util.find_spec("openenv_nb.envs.coding") is not None
@@ -77,10 +74,7 @@ class KnobsEnv(Environment[Knobs, Dial, State]):
 # ---- fixtures ----
 @pytest.fixture(scope="module")
 def browser():
-    try: from playwright.sync_api import sync_playwright
-    except ImportError: sync_playwright = None
-    need("browser", sync_playwright is not None and os.path.exists(CHROMIUM),
-         f"needs Playwright for Python (pip install playwright) and Chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_playwright = need_browser()
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b

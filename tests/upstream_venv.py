@@ -2,11 +2,11 @@
 
 `upstream_python_why()` looks, in order, at:
 1. `$OPENENV_UPSTREAM_PYTHON`, if set (used as given; it is an error if it cannot import openenv 0.10.0's client);
-2. `<repo>/.venv-upstream/bin/python`, if it imports openenv 0.10.0.
+2. `venv-upstream` in the tests' cache folder (`tests/cache.py`: `~/.cache/openenv-nb`), if it imports openenv 0.10.0.
 
 It installs nothing: without either it returns `(None, why)`, and the tests marked `upstream` skip with that reason
 (or fail, where OPENENV_REQUIRE names `upstream`). `python tests/upstream_venv.py --create` makes
-`<repo>/.venv-upstream` (`python -m venv`, then `pip install openenv==0.10.0`, plus `SHIM_DEPS`: what openenv_nb needs
+it (about 300 MB; `python -m venv`, then `pip install openenv==0.10.0`, plus `SHIM_DEPS`: what openenv_nb needs
 there beyond openenv's own dependencies, and pytest, for `tests/test_upstream_suite.py`, which runs upstream's test files
 in this venv with our server swapped in); without `--create` it prints what it found.
 """
@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cache import cache_dir
+
 VERSION = "0.10.0"
-VENV = ROOT / ".venv-upstream"
 ENV_VAR = "OPENENV_UPSTREAM_PYTHON"
 SHIM_DEPS = ["fastcore>=1.8", "pathspec>=0.12", "pytest>=8", "pytest-asyncio>=0.23"]  # small: no torch, nothing compiled
 
@@ -45,17 +45,20 @@ def upstream_python_why() -> tuple[str | None, str]:
         why = probe(key)
         res = (key, f"${ENV_VAR}") if not why else (None, f"${ENV_VAR}: {why}")
     else:
-        why = probe(VENV / "bin" / "python")
-        res = (str(VENV / "bin" / "python"), str(VENV)) if not why else \
+        venv = cache_dir() / "venv-upstream"
+        why = probe(venv / "bin" / "python")
+        res = (str(venv / "bin" / "python"), str(venv)) if not why else \
               (None, f"no venv with openenv=={VERSION}: set ${ENV_VAR} to its python, or run `python tests/upstream_venv.py --create` ({why})")
     _cache[key] = res
     return res
 
 
 def create() -> str:
-    "Make `.venv-upstream` with openenv 0.10.0; '' on success, else why it failed."
-    py = VENV / "bin" / "python"
-    for cmd in ([sys.executable, "-m", "venv", str(VENV)],
+    "Make `venv-upstream` in the cache folder with openenv 0.10.0 (unless it works already); '' on success, else why."
+    venv = cache_dir() / "venv-upstream"
+    py = venv / "bin" / "python"
+    if not probe(py): return ""
+    for cmd in ([sys.executable, "-m", "venv", str(venv)],
                 [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"openenv=={VERSION}", *SHIM_DEPS]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0: return f"`{' '.join(cmd[:4])} ...` failed: {(r.stderr or r.stdout).strip()[-500:]}"
@@ -63,7 +66,7 @@ def create() -> str:
 
 
 if __name__ == "__main__":
-    if "--create" in sys.argv[1:]: print(create() or f"created {VENV}")
+    if "--create" in sys.argv[1:]: print(create() or f"ready: {cache_dir() / 'venv-upstream'}")
     else: print(upstream_python_why())
 
 

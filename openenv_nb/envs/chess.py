@@ -6,8 +6,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/chess.html.md"""
 
 # %% auto #0
 __all__ = ['VALUES', 'MATE', 'OPPONENTS', 'COLORS', 'ChessAction', 'ChessObservation', 'ChessState', 'parse_move', 'game_result',
-           'random_move', 'material', 'negamax', 'search_move', 'pick_opponent', 'board_svg', 'ChessEnvironment',
-           'side', 'start_board', 'chess_declarations', 'chess_env', 'make_chess_target', 'ChessEnv']
+           'random_move', 'material', 'negamax', 'search_move', 'pick_opponent', 'chess_names', 'board_svg',
+           'ChessEnvironment', 'side', 'start_board', 'chess_declarations', 'chess_env', 'make_chess_target',
+           'ChessEnv']
 
 # %% ../../nbs/envs/chess.ipynb #df88ce8f
 import base64
@@ -125,6 +126,11 @@ def pick_opponent(name: str # a key of `OPPONENTS`
     "The opponent called `name`; an unknown name is an error that lists the known ones."
     if name not in OPPONENTS: raise ValueError(f"Unknown opponent {name!r}: choose one of {', '.join(OPPONENTS)}")
     return OPPONENTS[name]
+
+# %% ../../nbs/envs/chess.ipynb #c56ad6e9
+def chess_names() -> list[str]:
+    "What `openenv serve chess:SPEC` takes after its colon: an opponent (bare `chess` plays `random`)."
+    return [f"opponent={name}" for name in OPPONENTS]
 
 # %% ../../nbs/envs/chess.ipynb #53ee539d
 def board_svg(board: chess.Board, # the position

@@ -7,7 +7,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/gym.html.md"""
 # %% auto #0
 __all__ = ['EXACT', 'QUICK', 'REWARDS', 'REWARD_ARGS', 'nested', 'bounded', 'space_type', 'to_native', 'jsonable', 'in_space',
            'GymAction', 'GymObservation', 'GymState', 'camel', 'gym_types', 'png', 'GymEnvironment', 'trusted',
-           'InlineGymEnvironment', 'runs_inline', 'gym_declarations', 'gym_env', 'make_gym_target', 'GymEnv']
+           'InlineGymEnvironment', 'runs_inline', 'gym_declarations', 'gym_env', 'gym_names', 'make_gym_target',
+           'GymEnv']
 
 # %% ../../nbs/envs/gym.ipynb #05a09e89
 import base64
@@ -29,7 +30,7 @@ from pydantic_core import core_schema
 from typing_extensions import TypedDict
 
 from ..client import EnvClient
-from ..environment import Environment, Steps, join_spec, split_spec
+from ..environment import Environment, Steps, join_spec, split_spec, unknown_name
 from ..types import Action, EnvironmentMetadata, Observation, State, to_envelope
 
 # %% ../../nbs/envs/gym.ipynb #26471dfe
@@ -422,8 +423,14 @@ def gym_env(env_id: str, # a registered id, e.g. `"CartPole-v1"`
             inline: bool | None = None, # run on the server's event loop; default: for classic control and toy text
             **kwargs # `gym.make` arguments (JSON values), e.g. `render_mode="rgb_array"`
            ) -> type[GymEnvironment]:
-    "The `Environment` class serving `env_id`: give it to `create_app`."
+    "The `Environment` class serving `env_id`: give it to `create_app`; an unknown id names the nearest ones."
+    if env_id not in gym.registry: raise unknown_name("gym", env_id, gym.registry)
     return _env_class(env_id, json.dumps(kwargs, sort_keys=True), inline)
+
+# %% ../../nbs/envs/gym.ipynb #d7aa3d28
+def gym_names() -> list[str]:
+    "The ids `openenv serve gym:ID` takes here: Gymnasium's registry, and what installed packages register in it."
+    return sorted(gym.registry)
 
 # %% ../../nbs/envs/gym.ipynb #cd11a106
 def make_gym_target(spec: str # what follows `gym:` in `openenv serve gym:SPEC`

@@ -6,8 +6,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/openspiel.html.md"""
 
 # %% auto #0
 __all__ = ['OPPONENTS', 'OpenSpielAction', 'OpenSpielObservation', 'OpenSpielState', 'pick_opponent', 'sample_chance',
-           'info_state', 'observation_string', 'OpenSpielEnvironment', 'load_game', 'game_declarations',
-           'openspiel_env', 'make_openspiel_target', 'OpenSpielEnv']
+           'info_state', 'observation_string', 'OpenSpielEnvironment', 'openspiel_names', 'load_game',
+           'game_declarations', 'openspiel_env', 'make_openspiel_target', 'OpenSpielEnv']
 
 # %% ../../nbs/envs/openspiel.ipynb #4612496b
 import functools
@@ -22,7 +22,7 @@ from fastcore.basics import patch
 from pydantic import Field
 
 from ..client import EnvClient
-from ..environment import Environment, split_spec
+from ..environment import Environment, split_spec, unknown_name
 from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/openspiel.ipynb #7d45d0dc
@@ -146,13 +146,18 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
     @property
     def state(self) -> OpenSpielState: return self._state
 
+# %% ../../nbs/envs/openspiel.ipynb #587a9721
+def openspiel_names() -> list[str]:
+    "The games `openenv serve openspiel:GAME` takes: every game OpenSpiel registers, mean-field ones aside."
+    mean_field = pyspiel.GameType.Dynamics.MEAN_FIELD
+    return sorted(g.short_name for g in pyspiel.registered_games() if g.dynamics != mean_field)
+
 # %% ../../nbs/envs/openspiel.ipynb #85fc08f1
 def load_game(game_name: str, # an OpenSpiel game, e.g. `"tic_tac_toe"`
               game_params: dict | None = None # its parameters, e.g. `{"rows": 8}`
              ) -> pyspiel.Game:
     "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error that says so."
-    if game_name not in pyspiel.registered_names():
-        raise ValueError(f"OpenSpiel has no game {game_name!r}; pyspiel.registered_names() lists its {len(pyspiel.registered_names())} games")
+    if game_name not in pyspiel.registered_names(): raise unknown_name("openspiel", game_name, openspiel_names(), "game")
     game = pyspiel.load_game(game_name, dict(game_params or {}))
     if game.get_type().dynamics == pyspiel.GameType.Dynamics.MEAN_FIELD:
         raise ValueError(f"{game_name} is a mean-field game: it has no seat for one agent")

@@ -7,12 +7,11 @@ Docs: https://openenv-nb.github.io/openenv-nb/envs/textarena.html.md"""
 # %% auto #0
 __all__ = ['NLTK_DATA', 'RAW_STATE', 'TextArenaMessage', 'TextArenaAction', 'TextArenaObservation', 'TextArenaState',
            'own_random', 'no_downloads', 'nltk_missing', 'MissingDataError', 'missing_data', 'english_dictionary',
-           'Wordle', 'game_spec', 'game_class', 'make_game', 'unwrapped', 'to_message', 'jsonable',
+           'Wordle', 'game_spec', 'textarena_names', 'game_class', 'make_game', 'unwrapped', 'to_message', 'jsonable',
            'TextArenaEnvironment', 'guessed', 'camel', 'textarena_env', 'make_textarena_target', 'TextArenaEnv']
 
 # %% ../../nbs/envs/textarena.ipynb #c1945c2f
 import contextlib
-import difflib
 import functools
 import importlib
 import json
@@ -30,7 +29,7 @@ from textarena.envs.registration import ENV_REGISTRY, EnvSpec
 from textarena.envs.utils.word_lists import EnglishDictionary
 
 from ..client import EnvClient
-from ..environment import Environment, join_spec, split_spec
+from ..environment import Environment, join_spec, split_spec, unknown_name
 from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/textarena.ipynb #363d3035
@@ -143,8 +142,12 @@ def game_spec(env_id: str # a TextArena id, e.g. `"Wordle-v0"`
              ) -> EnvSpec:
     "TextArena's registry entry for `env_id`; a `ValueError` naming the nearest ids when there is none."
     if env_id in ENV_REGISTRY: return ENV_REGISTRY[env_id]
-    near = difflib.get_close_matches(env_id, list(ENV_REGISTRY), n=3, cutoff=0.6)
-    raise ValueError(f"TextArena has no game {env_id!r}" + (f"; did you mean {', '.join(near)}?" if near else ""))
+    raise unknown_name("textarena", env_id, ENV_REGISTRY, "game")
+
+# %% ../../nbs/envs/textarena.ipynb #4a29369f
+def textarena_names() -> list[str]:
+    "The ids `openenv serve textarena:ID` takes: TextArena's registry."
+    return sorted(ENV_REGISTRY)
 
 # %% ../../nbs/envs/textarena.ipynb #43e03ddf
 def game_class(spec: EnvSpec # a registry entry
