@@ -10,11 +10,14 @@ __all__ = ['FAILURES', 'EPILOG', 'CommandError', 'cmd_serve', 'cmd_init', 'cmd_v
 
 # %% ../nbs/07_cli.ipynb #3cdfeed0
 import argparse
+import errno
 import json
 import os
+import socket
 import sys
 from argparse import Namespace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import __version__
 from .envs.echo import EchoAction, EchoEnv
@@ -56,12 +59,23 @@ def _app_and_port(a: Namespace) -> tuple:
     app = app_for(obj, m, _sessions(a, obj), a.session_timeout or None, web=True if a.web else None, **door)
     return app, a.port if a.port is not None else m.port if m is not None else 8000
 
-# %% ../nbs/07_cli.ipynb #40a33389
+# %% ../nbs/07_cli.ipynb #02889367
+def _listening(host: str, port: int, e: OSError) -> CommandError:
+    "What to tell someone whose server could not listen on `host:port` (`e`, from the bind)."
+    if e.errno == errno.EADDRINUSE: why = "is in use: stop what holds it, or choose another port with --port (0: any free one)"
+    elif e.errno == errno.EACCES: why = "needs privileges: choose a port above 1023 with --port"
+    elif e.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME): why = "is not an address of this machine: check --host"
+    else: why = f"cannot be listened on: {e.strerror or e}"
+    return CommandError(f"{host}:{port} {why}")
+
+# %% ../nbs/07_cli.ipynb #5b46e275
 def cmd_serve(a: Namespace) -> int:
     "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), a name `openenv list` shows (wordle), or module:attribute."
     die_with_parent()
     app, port = _app_and_port(a)
-    serve(app, host=a.host, port=port, log_level=a.log_level)
+    if not 0 <= port <= 65535: raise CommandError(f"--port {port} is not a port: choose one from 1 to 65535 (0: any free one)")
+    try: serve(app, host=a.host, port=port, log_level=a.log_level)
+    except (OSError, socket.gaierror) as e: raise _listening(a.host, port, e) from None
     return 0
 
 # %% ../nbs/07_cli.ipynb #54cc0ef3
@@ -114,11 +128,24 @@ def _headers(pairs: list[str] | None # `NAME: VALUE` strings, as curl's `-H` tak
     if bad: raise CommandError(f"--header takes 'NAME: VALUE', got {', '.join(map(repr, bad))}")
     return {k.strip(): v.strip() for k, v in (p.split(":", 1) for p in pairs or [])}
 
+# %% ../nbs/07_cli.ipynb #10fca4e3
+def _answering(url: str, # a server's URL
+               timeout: float = 5.0 # seconds to wait for the connection
+              ) -> str:
+    "`url`, once something accepts a connection at its host and port; else a `CommandError` that says what to check."
+    u = urlsplit(url)
+    port = u.port or (443 if u.scheme in ("https", "wss") else 80)
+    try: socket.create_connection((u.hostname or "127.0.0.1", port), timeout=timeout).close()
+    except OSError: raise CommandError(f"nothing answers at {url}: is the server running? (start one with `openenv serve "
+                                       f"NAME --port {port}`)") from None
+    return url
+
 # %% ../nbs/07_cli.ipynb #41642698
 def cmd_validate(a: Namespace) -> int:
     "Check a project folder, an environment or a running server (--url), at the level asked for."
     url, heads, token = _server_url(a), _headers(getattr(a, "header", None)), getattr(a, "token", None)
     if (heads or token is not None) and not url: raise CommandError("--header and --token go to a running server: give its URL")
+    if url: _answering(url, a.timeout)
     try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note, headers=heads, token=token)
     except ValueError as e: raise CommandError(str(e)) from None
     print(json.dumps(report, indent=2) if a.json else format_report(report))

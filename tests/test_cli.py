@@ -166,6 +166,34 @@ def test_serve_explains_bad_targets(tmp_path):
         assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (target, r.stderr)
 
 
+def one_line(r, *parts):
+    "`r` failed with one line on stderr that holds each of `parts`, and no traceback."
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and all(x in r.stderr for x in parts), r.stderr
+
+
+def test_the_first_errors_are_one_line_with_a_hint():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); s.listen(); port = str(s.getsockname()[1])
+        one_line(openenv("serve", "echo", "--port", port), f"127.0.0.1:{port} is in use", "--port")
+    one_line(openenv("serve", "echo", "--port", "99999"), "--port 99999 is not a port", "1 to 65535")
+    one_line(openenv("validate", "--url", f"http://127.0.0.1:{port}"), f"nothing answers at http://127.0.0.1:{port}",
+             "is the server running?")
+
+
+@pytest.mark.parametrize("target,near,listing", [
+    ("gym:Cartpole-v1", "did you mean CartPole-v1", "openenv list gym"),
+    ("openspiel:tictactoe", "did you mean tic_tac_toe", "openenv list openspiel"),
+    ("textarena:Wordle-v9", "did you mean Wordle-v0", "openenv list textarena")])
+def test_unknown_names_in_a_family_say_the_nearest_and_how_to_list_them(target, near, listing):
+    family = target.partition(":")[0]
+    try: __import__({"gym": "gymnasium", "openspiel": "pyspiel"}.get(family, family))
+    except ImportError: pytest.skip(f"needs the {family} extra: pip install -e '.[{family}]'")
+    one_line(openenv("serve", target, "--port", "0", timeout=120), near, listing)
+    r = openenv("list", family)
+    assert r.returncode == 0 and f"{family}:{near.split()[-1]}" in r.stdout.split(), r.stdout[-500:]
+
+
 def test_serve_and_validate_take_the_names_that_list_shows(tmp_path):
     """An installed package's entry point and a short name are targets, as `AutoEnv.from_name` takes them."""
     dist = tmp_path / "site" / "maze_envs-0.1.dist-info"
