@@ -18,50 +18,68 @@ from enum import StrEnum
 from fastcore.basics import patch
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #aa42c1e7
-DEFAULT_IMPORTS = ("collections", "datetime", "itertools", "math", "queue", "random", "re", "stat", "statistics", "time",
-                   "unicodedata", "json", "functools", "string", "heapq", "bisect", "fractions", "decimal", "copy",
-                   "textwrap", "cmath")
+DEFAULT_IMPORTS = ("collections", "datetime", "itertools", "math", "queue", "random", "re", "stat",
+                   "statistics", "time",
+                   "unicodedata", "json", "functools", "string", "heapq", "bisect", "fractions",
+                   "decimal", "copy", "textwrap", "cmath")
 EXECUTORS = ("smolagents", "exec")
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #1bae3ea2
 @dataclass
 class SandboxConfig:
     "Limits and layers of a sandboxed worker; `OPENENV_SANDBOX_<FIELD>` environment variables override the defaults."
-    timeout_s: float = 10.0  # wall-clock seconds per step; the worker is killed past it (a step may ask for less, never more)
+    # wall-clock seconds per step; the worker is killed
+    # past it (a step may ask for less, never more)
+    timeout_s: float = 10.0
     cpu_s: float = 10.0  # CPU seconds per step (`RLIMIT_CPU` soft limit: `SIGXCPU`)
-    cpu_total_s: float = 3600.0  # CPU seconds of a worker over all its steps (hard limit: `SIGKILL`)
+    # CPU seconds of a worker over all its steps (hard limit: `SIGKILL`)
+    cpu_total_s: float = 3600.0
     memory_mb: int = 1024  # address space a worker may add to what it starts with (`RLIMIT_AS`)
-    tmp_mb: int = 64  # a worker's private tmp and shm: a tmpfs of its own, of this size, where mounts are allowed
-    total_memory_mb: int = 0  # `memory_mb + tmp_mb` of all workers together; 0: half of what this machine (or container) has
+    # a worker's private tmp and shm: a tmpfs of its own, of this size, where mounts are allowed
+    tmp_mb: int = 64
+    # `memory_mb + tmp_mb` of all workers together; 0: half of what this machine (or container) has
+    total_memory_mb: int = 0
     max_output: int = 20_000  # characters kept of stdout and of stderr, each
     open_files: int = 64  # file descriptors (`RLIMIT_NOFILE`)
     file_size_mb: int = 16  # largest file a worker may write (`RLIMIT_FSIZE`)
     authorized_imports: tuple = DEFAULT_IMPORTS  # modules user code may import
-    executor: str = "smolagents"  # `"exec"`: plain `exec`, no interpreter layer (trusted code; tests of the OS layers)
-    network: bool = False  # keep the host's network; else a new, empty network namespace where the kernel allows
-    seccomp: bool = True  # refuse the syscalls that make processes, sockets, mounts, namespaces, IPC, `ptrace`, and signals to others
-    drop_user: bool = True  # run each worker under a uid of its own where the fork server may switch uids (root, `CAP_SETUID`)
+    # `"exec"`: plain `exec`, no interpreter layer (trusted code; tests of the OS layers)
+    executor: str = "smolagents"
+    # keep the host's network; else a new, empty network namespace where the kernel allows
+    network: bool = False
+    # refuse the syscalls that make processes, sockets,
+    # mounts, namespaces, IPC, `ptrace`, and signals to others
+    seccomp: bool = True
+    # run each worker under a uid of its own where the
+    # fork server may switch uids (root, `CAP_SETUID`)
+    drop_user: bool = True
     uid_base: int = 600_000  # first of the uids given to workers
-    insecure: bool = False  # run workers that lack a promised guarantee (`Guarantee`), with a warning, instead of refusing them
+    # run workers that lack a promised guarantee
+    # (`Guarantee`), with a warning, instead of refusing them
+    insecure: bool = False
 
     def __post_init__(self): _check_config(self)
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #8721197e
-_NUMBERS = ("timeout_s", "cpu_s", "cpu_total_s", "memory_mb", "tmp_mb", "max_output", "open_files", "file_size_mb")
+_NUMBERS = ("timeout_s", "cpu_s", "cpu_total_s", "memory_mb", "tmp_mb", "max_output", "open_files",
+            "file_size_mb")
 
 def _check_config(cfg: SandboxConfig):
     "Make `cfg.authorized_imports` a tuple of names; `ValueError` for a limit that is not a number > 0, or an unknown executor."
-    if isinstance(cfg.authorized_imports, str): cfg.authorized_imports = cfg.authorized_imports.split(",")
+    if isinstance(cfg.authorized_imports, str):
+        cfg.authorized_imports = cfg.authorized_imports.split(",")
     cfg.authorized_imports = tuple(m.strip() for m in cfg.authorized_imports if m.strip())
     for name in _NUMBERS:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"SandboxConfig.{name} must be a number > 0, got {v!r}")
     t = cfg.total_memory_mb
-    if isinstance(t, bool) or not isinstance(t, int) or t < 0: raise ValueError(f"SandboxConfig.total_memory_mb must be an integer >= 0, got {t!r}")
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise ValueError(f"SandboxConfig.total_memory_mb must be an integer >= 0, got {t!r}")
     if isinstance(cfg.uid_base, bool) or not isinstance(cfg.uid_base, int) or cfg.uid_base < 1:
         raise ValueError(f"SandboxConfig.uid_base must be an integer >= 1, got {cfg.uid_base!r}")
-    if cfg.executor not in EXECUTORS: raise ValueError(f"SandboxConfig.executor must be one of {EXECUTORS}, got {cfg.executor!r}")
+    if cfg.executor not in EXECUTORS:
+        raise ValueError(f"SandboxConfig.executor must be one of {EXECUTORS}, got {cfg.executor!r}")
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #8586e9a0
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -129,11 +147,14 @@ class Layer(StrEnum):
     network = "network"  # its own, empty network namespace
     ipc = "ipc"  # its own System V IPC and POSIX message queues
     tmp = "tmp"  # a tmpfs of its own, of `tmp_mb`, on `/tmp` and `/dev/shm`, gone with it
-    filesystem = "filesystem"  # a root that holds only the Python installation, read-only, and a private directory
+    # a root that holds only the Python installation, read-only, and a private directory
+    filesystem = "filesystem"
     limits = "limits"  # resource limits (`setrlimit`) and the wall clock
     user = "user"  # a uid of its own, without capabilities
-    dumpable = "dumpable"  # not dumpable: no core file, and its `/proc/<pid>/mem` and `environ` closed to its uid
-    landlock = "landlock"  # Landlock: it opens only the Python installation and its own directory, signals only itself
+    # not dumpable: no core file, and its `/proc/<pid>/mem` and `environ` closed to its uid
+    dumpable = "dumpable"
+    # Landlock: it opens only the Python installation and its own directory, signals only itself
+    landlock = "landlock"
     seccomp = "seccomp"  # the syscall filter
     interpreter = "interpreter"  # smolagents' `LocalPythonExecutor`
 
@@ -141,8 +162,10 @@ class Layer(StrEnum):
 class Status(StrEnum):
     "How one layer stands in one worker."
     held = "held"  # in place, as promised
-    degraded = "degraded"  # in place, but weaker than promised (the server's uid in a user namespace, a limit not set)
-    off = "off"  # turned off by the configuration (`network=True`, `seccomp=False`, `executor="exec"`, ...)
+    # in place, but weaker than promised (the server's uid in a user namespace, a limit not set)
+    degraded = "degraded"
+    # turned off by the configuration (`network=True`, `seccomp=False`, `executor="exec"`, ...)
+    off = "off"
     refused = "refused"  # asked for, but the kernel refused it (no privilege, no support)
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #b2a11bc5
@@ -151,7 +174,8 @@ class LayerState:
     "What one layer is in one worker: its status, a sentence for people, and what it measured."
     status: Status
     detail: str = ""  # for display only: no decision reads it
-    facts: dict = field(default_factory=dict)  # what the layer measured: pids, a uid, the limits set (never `status` or `detail`)
+    # what the layer measured: pids, a uid, the limits set (never `status` or `detail`)
+    facts: dict = field(default_factory=dict)
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #cf43421f
 @patch
@@ -164,7 +188,8 @@ def to_json(self: LayerState) -> dict:
 def from_json(cls: LayerState, d: dict # what `to_json` made
              ) -> LayerState:
     "The `LayerState` that `to_json` made `d` from; `ValueError` for a status that is not a `Status`."
-    return cls(Status(d["status"]), str(d.get("detail", "")), {k: v for k, v in d.items() if k not in ("status", "detail")})
+    return cls(Status(d["status"]), str(d.get("detail", "")),
+               {k: v for k, v in d.items() if k not in ("status", "detail")})
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #9bfb89c9
 class Layers(dict):
@@ -199,12 +224,14 @@ def with_status(self: Layers, *statuses: Status) -> list[Layer]:
 @patch
 def _repr_markdown_(self: Layers) -> str:
     "A table of the layers, for notebooks."
-    return "| layer | status | detail |\n|---|---|---|\n" + "\n".join(f"| {l} | {s.status} | {s.detail} |" for l, s in self.items())
+    return "| layer | status | detail |\n|---|---|---|\n" + "\n".join(f"| {l} | {s.status} "
+                                                                      f"| {s.detail} |" for l, s in self.items())
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #7fd3cf32
 class Guarantee(StrEnum):
     "What the sandbox promises of every worker; `GIVEN_BY` says which layers give each."
-    memory = "memory"  # no other process reads its memory or environment through `/proc`, nor it theirs
+    # no other process reads its memory or environment through `/proc`, nor it theirs
+    memory = "memory"
     signals = "signals"  # it signals, renices or limits no process but itself
     files = "files"  # it opens only the Python installation, read-only, and a directory of its own
     tmp = "tmp"  # its tmp and shm are its own, and go with it
@@ -214,8 +241,10 @@ class Guarantee(StrEnum):
     code = "code"  # its code runs under the interpreter's rules
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #adec0086
-GIVEN_BY = {  # each guarantee, and the sets of layers that give it: any one set whose layers are all held
-    Guarantee.memory: [(Layer.dumpable, Layer.user), (Layer.dumpable, Layer.filesystem), (Layer.dumpable, Layer.landlock)],
+# each guarantee, and the sets of layers that give it: any one set whose layers are all held
+GIVEN_BY = {
+    Guarantee.memory: [(Layer.dumpable, Layer.user), (Layer.dumpable, Layer.filesystem),
+                       (Layer.dumpable, Layer.landlock)],
     Guarantee.signals: [(Layer.user,), (Layer.seccomp,)],
     Guarantee.files: [(Layer.filesystem,), (Layer.landlock,)],
     Guarantee.tmp: [(Layer.tmp,), (Layer.landlock,)],
@@ -242,13 +271,18 @@ def missing(self: Layers) -> dict:
     return out
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #4b858251
-_USERNS = ("run the server as root, or where it may make user namespaces (sysctl user.max_user_namespaces > 0; "
-           "kernel.unprivileged_userns_clone=1 on Debian; kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04)")
-HOW_TO = {**{l: _USERNS for l in (Layer.pid, Layer.network, Layer.ipc, Layer.tmp, Layer.filesystem)},
-          Layer.user: ("run the server as root, or let the fork server's Python switch uids (CAP_SETUID and CAP_SETGID; "
+_USERNS = ("run the server as root, or where it may make user namespaces (sysctl "
+           "user.max_user_namespaces > 0; "
+           "kernel.unprivileged_userns_clone=1 on Debian; "
+           "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04)")
+HOW_TO = {**{l: _USERNS
+             for l in (Layer.pid, Layer.network, Layer.ipc, Layer.tmp, Layer.filesystem)},
+          Layer.user: ("run the server as root, or let the fork server's Python switch uids "
+                       "(CAP_SETUID and CAP_SETGID; "
                        "the coding image's OPENENV_SANDBOX_PYTHON has them)"),
           Layer.dumpable: "a Linux kernel (prctl PR_SET_DUMPABLE)",
-          Layer.landlock: "a Linux kernel with Landlock (5.13 or later, with landlock in its lsm= list)",
+          Layer.landlock: "a Linux kernel with Landlock (5.13 or "
+                          "later, with landlock in its lsm= list)",
           Layer.seccomp: "a Linux kernel with seccomp filters, on x86-64 or aarch64",
           Layer.limits: "setrlimit, which lowers limits for any process",
           Layer.interpreter: "smolagents (pip install smolagents)",
@@ -260,7 +294,8 @@ def explain_missing(self: Layers) -> str:
     "What `missing` found, for people: each guarantee, its layers not held and why, how to get each; `''` if nothing."
     lines = []
     for g, lacking in self.missing().items():
-        lines.append(f"- {g}: " + "; ".join(f"{l} {self[l].status} ({self[l].detail})" if l in self else f"{l} absent" for l in lacking))
+        lines.append(f"- {g}: " + "; ".join(f"{l} {self[l].status} ({self[l].detail})" if l in self
+                                            else f"{l} absent" for l in lacking))
         lines += [f"    to get {l}: {HOW_TO[l]}" for l in lacking]
     return "\n".join(lines)
 

@@ -31,26 +31,34 @@ class RunResult:
     stdout: str = ""
     stderr: str = ""
     exit_code: int = 0
-    limit: str | None = None  # the limit that ended the run: `timeout`, `cpu`, `memory`, `crash` or `protocol`
-    state_lost: bool = False  # the worker was replaced: variables, functions and imports of earlier steps are gone
-    cut: dict = field(default_factory=dict)  # characters cut from `stdout` and `stderr` by the output caps
+    # the limit that ended the run: `timeout`, `cpu`, `memory`, `crash` or `protocol`
+    limit: str | None = None
+    # the worker was replaced: variables, functions and imports of earlier steps are gone
+    state_lost: bool = False
+    # characters cut from `stdout` and `stderr` by the output caps
+    cut: dict = field(default_factory=dict)
 
 EXIT_TIMEOUT = 124  # a step past its wall-clock limit, as `timeout(1)` exits
-LOST = ("\n[sandbox] The worker process was replaced: variables, functions and imports from earlier steps are gone; "
+LOST = ("\n[sandbox] The worker process was replaced: variables, functions and imports from "
+        "earlier steps are gone; "
         "the next step starts from a clean state.\n")
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #ca0e0f13
 class Sandbox:
     "One episode's Python: a worker process forked from the fork server, replaced when it breaks a limit."
-    def __init__(self, config: SandboxConfig | None = None, # limits and layers; default `SandboxConfig.from_env()`
+    def __init__(self, config: SandboxConfig | None = None,
+                 # limits and layers; default `SandboxConfig.from_env()`
                  zygote: Zygote | None = None, # the fork server; default `shared_zygote()`
-                 ready: int = 0 # workers of this configuration to keep started ahead of time (see `ReadyPool`)
+                 # workers of this configuration to keep started ahead of time (see `ReadyPool`)
+                 ready: int = 0
                 ):
         self.config = config or SandboxConfig.from_env()
         self._zygote, self.ready = zygote, ready
         self.worker: Worker | None = None  # the episode's worker, once started
-        self.layers, self._seed, self._finalizer = Layers(), None, None  # `layers`: of the last worker started
-        self.insecure: list[str] = []  # the guarantees the current worker lacks, when `config.insecure` let it run
+        # `layers`: of the last worker started
+        self.layers, self._seed, self._finalizer = Layers(), None, None
+        # the guarantees the current worker lacks, when `config.insecure` let it run
+        self.insecure: list[str] = []
 
     def __repr__(self): return f"Sandbox(pid={self.pid})"
 
@@ -103,7 +111,8 @@ def hello(self: Worker, timeout_s: float = 30.0 # how long confining it may take
          ) -> Worker:
     "Wait for the worker's hello and take its layers from it; `SandboxError` (the worker stopped) if it does not start."
     try: hello = recv_msg(self.sock, 1 << 20, time.monotonic() + timeout_s)
-    except (TimeoutError, EOFError, OSError, ProtocolError) as e: hello = {"error": f"{type(e).__name__}: {e}"}
+    except (TimeoutError, EOFError, OSError, ProtocolError) as e:
+        hello = {"error": f"{type(e).__name__}: {e}"}
     if not hello.get("ready"):
         try: how = self.ended(1.0)
         except SandboxError: how = None
@@ -123,10 +132,12 @@ def start(self: Sandbox, seed: int | None = None # seed for `random` in the work
     if w is None:
         try: w = self.zygote.spawn(self.config, seed).hello()
         except CapacityError: raise
-        except SandboxError: w = self.zygote.spawn(self.config, seed).hello()  # a fork server that had died is replaced
+        # a fork server that had died is replaced
+        except SandboxError: w = self.zygote.spawn(self.config, seed).hello()
         seed = None
     self._accept(w)
-    self.worker, self.layers, self._seed = w, w.layers, seed  # a ready worker gets the seed with its first run
+    # a ready worker gets the seed with its first run
+    self.worker, self.layers, self._seed = w, w.layers, seed
     self._finalizer = weakref.finalize(self, w.stop)
     if pool: pool.fill()
     return self.layers
@@ -141,19 +152,23 @@ def _accept(self: Sandbox, w: Worker) -> Worker:
     missing = w.layers.missing()
     if missing and not self.config.insecure:
         w.stop()
-        raise IsolationError(f"the sandbox cannot give what it promises here, so it runs no code:\n{w.layers.explain_missing()}\n"
-                             "To run code without these guarantees, start the server with --insecure-sandbox "
+        raise IsolationError("the sandbox cannot give what it promises here, so it runs no "
+                             f"code:\n{w.layers.explain_missing()}\n"
+                             "To run code without these guarantees, "
+                             "start the server with --insecure-sandbox "
                              "(or OPENENV_SANDBOX_INSECURE=1, or SandboxConfig(insecure=True)).")
     self.insecure = [str(g) for g in missing]
     if missing and tuple(self.insecure) not in _warned:
         _warned.add(tuple(self.insecure))
-        _log.warning("INSECURE SANDBOX: running user code without %s\n%s", ", ".join(self.insecure), w.layers.explain_missing())
+        _log.warning("INSECURE SANDBOX: running user code without %s\n%s", ", ".join(self.insecure),
+                     w.layers.explain_missing())
     return w
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #da5b76d9
 @patch
 def run(self: Sandbox, code: str, # Python source
-        timeout_s: float | None = None # wall-clock limit: may shorten `config.timeout_s`, never lengthen it
+        # wall-clock limit: may shorten `config.timeout_s`, never lengthen it
+        timeout_s: float | None = None
        ) -> RunResult:
     "Run `code` in the worker (starting one if there is none) and say what happened."
     if not isinstance(code, str): raise TypeError(f"code must be a str, not {type(code).__name__}")
@@ -167,8 +182,12 @@ def run(self: Sandbox, code: str, # Python source
         send_msg(sock, msg)
         reply = recv_msg(sock, self.reply_limit, deadline)
     except TimeoutError:
-        return self._lost("timeout", EXIT_TIMEOUT, f"TimeoutError: the code ran past its wall-clock limit of {limit_s:g} s; the worker was killed")
-    except ProtocolError as e: return self._lost("protocol", 1, f"SandboxError: the worker broke the protocol ({e}); it was killed")
+        return self._lost("timeout", EXIT_TIMEOUT,
+                          "TimeoutError: the code ran past its wall-clock "
+                          f"limit of {limit_s:g} s; the worker was killed")
+    except ProtocolError as e:
+        return self._lost("protocol", 1,
+                          f"SandboxError: the worker broke the protocol ({e}); it was killed")
     except (EOFError, OSError): return self._lost(*self._explain())
     return self._check(reply)
 
@@ -182,7 +201,9 @@ def _check(self: Sandbox, reply: dict) -> RunResult:
     code = reply.get("exit_code")
     code = code if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255 else 1
     cut = reply.get("cut") if isinstance(reply.get("cut"), dict) else {}
-    r = RunResult(text("stdout"), text("stderr"), code, cut={k: v for k, v in cut.items() if k in ("stdout", "stderr") and isinstance(v, int)})
+    r = RunResult(text("stdout"), text("stderr"), code,
+                  cut={k: v for k, v in cut.items() if k in ("stdout", "stderr")
+                       and isinstance(v, int)})
     if reply.get("fatal"):
         self.stop()
         r.limit, r.state_lost = "memory", True
@@ -190,7 +211,8 @@ def _check(self: Sandbox, reply: dict) -> RunResult:
     return r
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #1df67180
-LOST_GRACE_S = 2.0  # how long a worker whose socket closed may take to end before the server kills it
+# how long a worker whose socket closed may take to end before the server kills it
+LOST_GRACE_S = 2.0
 
 @patch
 def _explain(self: Sandbox) -> tuple[str, int, str]:
@@ -202,13 +224,18 @@ def _explain(self: Sandbox) -> tuple[str, int, str]:
         w.kill()
         return "protocol", 1, "WorkerLost: the worker closed its connection and was killed"
     sig, cfg = how.get("signal"), self.config
-    if sig == signal.SIGXCPU: return "cpu", 128 + sig, f"CPUTimeLimitError: the code used more than its {cfg.cpu_s:g} CPU seconds; the worker was killed"
-    if sig == signal.SIGALRM: return "timeout", EXIT_TIMEOUT, f"TimeoutError: the code ran past its wall-clock limit of {cfg.timeout_s:g} s; the worker ended"
+    if sig == signal.SIGXCPU:
+        return "cpu", 128 + sig, f"CPUTimeLimitError: the code used more than its {cfg.cpu_s:g} CPU seconds; the worker was killed"
+    if sig == signal.SIGALRM:
+        return "timeout", EXIT_TIMEOUT, f"TimeoutError: the code ran past its wall-clock limit of {cfg.timeout_s:g} s; the worker ended"
     if sig == signal.SIGKILL:
-        return "crash", 128 + sig, ("WorkerKilled: the worker was killed (SIGKILL): its lifetime CPU limit of "
+        return "crash", 128 + sig, ("WorkerKilled: the worker was killed "
+                                    "(SIGKILL): its lifetime CPU limit of "
                                     f"{cfg.cpu_total_s:g} s, or the kernel's out-of-memory killer")
-    if sig is not None: return "crash", 128 + sig, f"WorkerCrashed: the worker died of {how.get('name')}"
-    if "code" in how: return "crash", how["code"] or 1, f"WorkerExited: the worker exited with code {how['code']}"
+    if sig is not None:
+        return "crash", 128 + sig, f"WorkerCrashed: the worker died of {how.get('name')}"
+    if "code" in how:
+        return "crash", how["code"] or 1, f"WorkerExited: the worker exited with code {how['code']}"
     return "crash", 1, f"WorkerLost: the worker went away ({how.get('error', 'no exit status')})"
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #b0e11373
@@ -231,7 +258,8 @@ class ReadyPool:
         store_attr("zygote,cfg,size")
         self.workers: deque[Worker] = deque()
         self._wake = threading.Condition()  # guards `workers`; `fill` notifies it
-        self._thread: threading.Thread | None = None  # forks the workers; started by the first `fill`
+        # forks the workers; started by the first `fill`
+        self._thread: threading.Thread | None = None
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #7f2c99c5
 @patch(cls_method=True)
@@ -240,7 +268,8 @@ def get(cls: ReadyPool, zygote: Zygote, cfg: SandboxConfig, size: int) -> ReadyP
     key = repr(cfg)  # a dataclass's repr lists every field: equal configurations, equal keys
     with cls._lock:
         pool = cls._pools.get(key)
-        if pool is None or pool.zygote is not zygote: pool = cls._pools[key] = cls(zygote, cfg, size)
+        if pool is None or pool.zygote is not zygote:
+            pool = cls._pools[key] = cls(zygote, cfg, size)
         pool.size = max(pool.size, size)
         return pool
 
@@ -252,7 +281,8 @@ def take(self: ReadyPool) -> Worker | None:
         with self._wake:
             if not self.workers: return None
             w = self.workers.popleft()
-        if not select.select([w.sock], [], [], 0)[0]: return w  # an idle worker says nothing; EOF means it died
+        # an idle worker says nothing; EOF means it died
+        if not select.select([w.sock], [], [], 0)[0]: return w
         w.stop()
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #0c8c53bf
@@ -263,7 +293,8 @@ def _filler(self: ReadyPool):
         while self.zygote.alive:
             with self._wake:
                 if len(self.workers) >= self.size:
-                    self._wake.wait(30)  # woken by `fill`; the timeout only rechecks that the fork server lives
+                    # woken by `fill`; the timeout only rechecks that the fork server lives
+                    self._wake.wait(30)
                     continue
                 missing = self.size - len(self.workers)
             batch = []
@@ -274,7 +305,8 @@ def _filler(self: ReadyPool):
                     with self._wake: self.workers.append(batch.pop(0))
             finally:
                 for w in batch: w.stop()  # what an error left unadded
-    except SandboxError: pass  # the next `take` finds the pool short and starts a worker itself; `fill` restarts this
+    # the next `take` finds the pool short and starts a worker itself; `fill` restarts this
+    except SandboxError: pass
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #0fb7cb27
 @patch
@@ -282,6 +314,7 @@ def fill(self: ReadyPool):
     "Have the pool's thread fork workers until the pool holds `size`, starting the thread if it is not running."
     with self._wake:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._filler, name="openenv-sandbox-pool", daemon=True)
+            self._thread = threading.Thread(target=self._filler, name="openenv-sandbox-pool",
+                                            daemon=True)
             self._thread.start()
         self._wake.notify()

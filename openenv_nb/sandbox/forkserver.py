@@ -31,8 +31,10 @@ from fastcore.basics import patch
 from .config import *
 from .linux import *
 from .linux import (CLONE_NEWNS, CLONE_NEWPID, MS_BIND, MS_NODEV, MS_NOSUID,
-                                      PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _dumpable_layer, _ipc_layer,
-                                      _landlock_layer, _landlock_rules, _libc, _limits_layer, _network_layer,
+                                      PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _dumpable_layer,
+                                      _ipc_layer,
+                                      _landlock_layer, _landlock_rules, _libc, _limits_layer,
+                                      _network_layer,
                                       _ok, _seccomp_layer, _user_layer, _userns_and_mounts)
 from .interpreter import *
 
@@ -70,19 +72,24 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #deb23bcf
 def recv_msg(sock: socket.socket, # a connected stream socket
              limit: int = MAX_MESSAGE, # largest message accepted, in bytes
-             deadline: float | None = None # `time.monotonic()` by which the whole message must be in
+             # `time.monotonic()` by which the whole message must be in
+             deadline: float | None = None
             ) -> dict:
     "The next message on `sock`; `EOFError` when it closed, `TimeoutError` past `deadline`."
     n, = _HEAD.unpack(_recv_exact(sock, _HEAD.size, deadline))
     if n > limit: raise ProtocolError(f"a message of {n:,} bytes is over the limit of {limit:,}")
     try: obj = json.loads(_recv_exact(sock, n, deadline))
-    except (ValueError, RecursionError) as e: raise ProtocolError(f"a message is not valid JSON: {e}") from None
-    if not isinstance(obj, dict): raise ProtocolError(f"a message must be a JSON object, not {type(obj).__name__}")
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"a message is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, not {type(obj).__name__}")
     return obj
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #fadb0a26
-ZYGOTE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ")  # what the fork server keeps of the server's environment
-WORKER_ENV = {"LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}  # a worker's environment, with `HOME` and `TMPDIR`
+# what the fork server keeps of the server's environment
+ZYGOTE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "TZ")
+# a worker's environment, with `HOME` and `TMPDIR`
+WORKER_ENV = {"LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #d28d9c14
 def describe_status(status: int # as `os.waitpid` gives it
@@ -115,14 +122,19 @@ def _zrecv(sock: socket.socket, maxfds: int = 0) -> tuple[dict, list]:
 @dataclass
 class WorkerSlot:
     "A live worker, as its fork server knows it."
-    slot: int  # its place among the live workers: its uid is `uid_base + slot`, its directory `w<slot>`
-    home: str | None  # its private directory in the host's tmp, removed when it ends; `None` when it has a tmpfs of its own
+    # its place among the live workers: its uid is `uid_base + slot`, its directory `w<slot>`
+    slot: int
+    # its private directory in the host's tmp, removed
+    # when it ends; `None` when it has a tmpfs of its own
+    home: str | None
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #09c5e9db
 class ForkServer:
     "The fork server's side: forks confined workers, waits for them, says how they ended."
     def __init__(self, ctl: socket.socket, # the socket to the server
-                 opts: dict # `Zygote`'s options: `chroot`, `userns`, `pidns`, `preload`, and `expose`, `tmpfs_mb` for the root
+                 # `Zygote`'s options: `chroot`, `userns`, `pidns`,
+                 # `preload`, and `expose`, `tmpfs_mb` for the root
+                 opts: dict
                 ):
         self.ctl, self.opts, self.pid = ctl, opts, os.getpid()
         self.children: dict[int, WorkerSlot] = {}  # live workers, by pid
@@ -130,9 +142,12 @@ class ForkServer:
         self.devnull = os.open(os.devnull, os.O_RDWR)
         self.procfd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY) if os.path.isdir("/proc/self") else None
         self.userns, self.tmp, self.host_pid = False, None, self.pid  # set by `setup`
-        self.switch_uid, self.read = can_switch_uid(), root_paths()  # may workers get uids of their own; what they may read
-        self.filesystem = LayerState(Status.off, "host filesystem (not set up)")  # the workers' filesystem layer, by `setup`
-        self.pidns = LayerState(Status.off, "the server's PID namespace (not set up)")  # the workers' pid layer, by `setup`
+        # may workers get uids of their own; what they may read
+        self.switch_uid, self.read = can_switch_uid(), root_paths()
+        # the workers' filesystem layer, by `setup`
+        self.filesystem = LayerState(Status.off, "host filesystem (not set up)")
+        # the workers' pid layer, by `setup`
+        self.pidns = LayerState(Status.off, "the server's PID namespace (not set up)")
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #b62a79a1
 @patch
@@ -186,12 +201,15 @@ def make_root(self: ForkServer, modules: list[str], # modules whose `sys.path` e
     chroot = self.opts.get("chroot")
     if chroot is False: return LayerState(Status.off, "host filesystem (chroot=False)")
     try:
-        if os.geteuid() != 0: raise OSError(errno.EPERM, why_not or "mounts need root or a user namespace")
-        build_root(root_paths([*modules, "smolagents"], self.opts.get("expose", ())), self.opts.get("tmpfs_mb", 256))
+        if os.geteuid() != 0:
+            raise OSError(errno.EPERM, why_not or "mounts need root or a user namespace")
+        build_root(root_paths([*modules, "smolagents"], self.opts.get("expose", ())),
+                   self.opts.get("tmpfs_mb", 256))
     except OSError as e:
         if chroot: raise
         return LayerState(Status.refused, f"host filesystem ({e})")
-    return LayerState(Status.held, "own root: only the Python installation and system libraries, read-only")
+    return LayerState(Status.held,
+                      "own root: only the Python installation and system libraries, read-only")
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #76259c14
 def _relay(child: int):
@@ -204,14 +222,18 @@ def _relay(child: int):
 @patch
 def enter_pid_namespace(self: ForkServer) -> LayerState:
     "Go on as pid 1 of a new PID namespace (this process stays behind, as `_relay`), where the options and kernel allow; the pid layer."
-    if self.opts.get("pidns") is False: return LayerState(Status.off, "the server's PID namespace (pidns=False)")
+    if self.opts.get("pidns") is False:
+        return LayerState(Status.off, "the server's PID namespace (pidns=False)")
     try: unshare(CLONE_NEWPID)
     except OSError as e: return LayerState(Status.refused, f"the server's PID namespace ({e})")
     child = os.fork()
     if child: _relay(child)
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the relay killed, so is this, and every worker with it
+    # the relay killed, so is this, and every worker with it
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     self.pid, self.host_pid = os.getpid(), self.own_host_pid()
-    return LayerState(Status.held, "its own PID namespace: no process in sight but the fork server and workers", {"fork_server": self.host_pid})
+    return LayerState(Status.held,
+                      "its own PID namespace: no process in sight but the fork server and workers",
+                      {"fork_server": self.host_pid})
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #7d28cec8
 @patch
@@ -232,7 +254,8 @@ def setup(self: ForkServer) -> dict:
     self.filesystem = self.make_root(preload, why_not)
     self.switch_uid = not self.userns and can_switch_uid()
     self.make_tmp()
-    info = {"filesystem": self.filesystem.to_json(), "pid": self.pidns.to_json(), "fork_server": self.host_pid,
+    info = {"filesystem": self.filesystem.to_json(), "pid": self.pidns.to_json(),
+            "fork_server": self.host_pid,
             "user_namespace": self.userns, "smolagents": sys.modules["smolagents"].__version__}
     gc.collect(); gc.freeze()
     return info
@@ -264,14 +287,17 @@ def private_tmp(self: ForkServer, cfg: SandboxConfig, uid: int | None) -> LayerS
     if self.filesystem.status is not Status.held:
         why = "no root (chroot=False)" if self.filesystem.status is Status.off else "no mounts here"
         return LayerState(Status.off if self.filesystem.status is Status.off else Status.refused,
-                          f"a directory of its own in the host's tmp, removed with it; no size cap ({why})")
+                          "a directory of its own in the host's tmp, "
+                          f"removed with it; no size cap ({why})")
     unshare(CLONE_NEWNS)
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     _ok(_libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.tmp_mb}m,mode=0700{owner}".encode()), "tmpfs on /tmp")
     os.mkdir("/tmp/.shm", 0o700)
     if uid is not None: os.chown("/tmp/.shm", uid, uid)
     _ok(_libc.mount(b"/tmp/.shm", b"/dev/shm", None, MS_BIND, None), "bind /dev/shm")
-    return LayerState(Status.held, f"its own tmpfs of {cfg.tmp_mb} MB on /tmp and /dev/shm, gone with it", {"tmp_mb": cfg.tmp_mb})
+    return LayerState(Status.held,
+                      f"its own tmpfs of {cfg.tmp_mb} MB on /tmp and /dev/shm, gone with it",
+                      {"tmp_mb": cfg.tmp_mb})
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #8ad33a1f
 @patch
@@ -300,18 +326,24 @@ def prepare(self: ForkServer, cfg: SandboxConfig, seed, home: str):
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #d567af6c
 def _interpreter_layer(cfg: SandboxConfig) -> LayerState:
     "The interpreter layer `cfg.executor` gives."
-    if cfg.executor != "smolagents": return LayerState(Status.off, f"none: plain exec (executor={cfg.executor!r})", {"executor": cfg.executor})
+    if cfg.executor != "smolagents":
+        return LayerState(Status.off, f"none: plain exec (executor={cfg.executor!r})",
+                          {"executor": cfg.executor})
     v = getattr(sys.modules.get("smolagents"), "__version__", "?")
-    return LayerState(Status.held, f"smolagents {v} LocalPythonExecutor", {"executor": "smolagents", "version": v})
+    return LayerState(Status.held, f"smolagents {v} LocalPythonExecutor",
+                      {"executor": "smolagents", "version": v})
 
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #eeae829e
 @patch
 def confine(self: ForkServer, cfg: SandboxConfig, seed, slot: int, home: str, base_vm: int,
-            host_pid: int | None = None # this process's pid on the host (`own_host_pid`, read before `/proc` was closed)
+            # this process's pid on the host (`own_host_pid`, read before `/proc` was closed)
+            host_pid: int | None = None
            ) -> tuple[Layers, object]:
     "Apply every layer to this process, in order; return what each one is here, and the interpreter."
     me, host = os.getpid(), host_pid or os.getpid()
-    layers = Layers({Layer.process: LayerState(Status.held, f"own process (pid {host}), forked from the fork server (pid {self.host_pid})",
+    layers = Layers({Layer.process: LayerState(Status.held,
+                                               f"own process (pid {host}), forked from the fork "
+                                               f"server (pid {self.host_pid})",
                                                {"pid": host, "ns_pid": me, "fork_server": self.host_pid}), Layer.pid: self.pidns})
     layers[Layer.network] = _network_layer(cfg)
     layers[Layer.ipc] = _ipc_layer()
@@ -341,11 +373,14 @@ def serve_worker(sock: socket.socket, # the session's socket
         except (EOFError, OSError, ProtocolError): return
         code = msg.get("code")
         if msg.get("op") != "run" or not isinstance(code, str):
-            send_msg(sock, {"stdout": "", "stderr": "SandboxError: expected {'op': 'run', 'code': str}\n", "exit_code": 1})
+            send_msg(sock,
+                     {"stdout": "", "stderr": "SandboxError: expected {'op': 'run', 'code': str}\n",
+                      "exit_code": 1})
             continue
         if msg.get("seed") is not None: random.seed(msg["seed"])
         step_cpu_limit(cfg.cpu_s)
-        signal.setitimer(signal.ITIMER_REAL, cfg.timeout_s + 1.0)  # its own clock: `SIGALRM` ends it, whatever the server waits for
+        # its own clock: `SIGALRM` ends it, whatever the server waits for
+        signal.setitimer(signal.ITIMER_REAL, cfg.timeout_s + 1.0)
         r = interp.run(code)
         signal.setitimer(signal.ITIMER_REAL, 0)
         send_msg(sock, r)
@@ -386,7 +421,8 @@ def fork_worker(self: ForkServer, cfg: SandboxConfig, # the worker's limits and 
                ) -> int:
     "Fork a worker for the session socket `fd`; return its pid."
     slot = self.free_slot()
-    own_tmp = self.filesystem.status is Status.held  # a tmpfs of its own on /tmp (`private_tmp`): nothing to make or remove
+    # a tmpfs of its own on /tmp (`private_tmp`): nothing to make or remove
+    own_tmp = self.filesystem.status is Status.held
     home = "/tmp" if own_tmp else f"{self.tmp}/w{slot}"
     if not own_tmp: shutil.rmtree(home, ignore_errors=True)
     base_vm = self.vm_size()
@@ -482,7 +518,8 @@ def serve(self: ForkServer):
             try: msg, fds = _zrecv(self.ctl, maxfds=4)
             except (EOFError, OSError, ValueError): return
             try: reply = self.handle(msg, fds)
-            except Exception as e:  # a failed fork (EAGAIN, ENOMEM) is an answer, not the end of the fork server
+            # a failed fork (EAGAIN, ENOMEM) is an answer, not the end of the fork server
+            except Exception as e:
                 for fd in fds:
                     with contextlib.suppress(OSError): os.close(fd)
                 reply = {"error": f"{msg.get('op')} failed: {type(e).__name__}: {e}"}
@@ -499,16 +536,19 @@ def zygote_main(fd: int, # the fork server's end of its socket to the server
                 opts: dict # `Zygote`'s options
                ):
     "Entry point of the fork server process."
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the server; the fork server ends when it does
+    # a Ctrl-C is for the server; the fork server ends when it does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl = socket.socket(fileno=fd)
     fs = ForkServer(ctl, opts)
     try: info = fs.setup()
     except BaseException as e:
         _zsend(ctl, {"error": f"{type(e).__name__}: {e}"})
         raise
-    prctl(PR_SET_DUMPABLE, 0)  # after `setup`, which writes its own /proc: no worker of its uid reads its memory
+    # after `setup`, which writes its own /proc: no worker of its uid reads its memory
+    prctl(PR_SET_DUMPABLE, 0)
     _zsend(ctl, {"ready": True, **info})
     fs.serve()
 
 _BOOT = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from openenv_nb.sandbox.forkserver import zygote_main; zygote_main(int(sys.argv[2]), json.loads(sys.argv[3]))")
+         "from openenv_nb.sandbox.forkserver import zygote_main; zygote_main(int(sys.argv[2]), "
+         "json.loads(sys.argv[3]))")

@@ -55,7 +55,8 @@ def write(self: OutputCap, s) -> int:
         self._head.append(head); self._room -= len(head); s = s[len(head):]
     if s and self._tail_max:
         self._tail.append(s); self._tail_len += len(s)
-        while self._tail_len - len(self._tail[0]) >= self._tail_max: self._tail_len -= len(self._tail.popleft())
+        while self._tail_len - len(self._tail[0]) >= self._tail_max:
+            self._tail_len -= len(self._tail.popleft())
         if self._tail_len > 2 * self._tail_max:
             t = "".join(self._tail)[-self._tail_max:]
             self._tail, self._tail_len = deque([t]), len(t)
@@ -115,7 +116,8 @@ def _show(value) -> str:
     try: return json.dumps(value)
     except BaseException:
         try: return repr(value)
-        except BaseException as e: return f"<{type(value).__name__} object: repr failed with {type(e).__name__}>"
+        except BaseException as e:
+            return f"<{type(value).__name__} object: repr failed with {type(e).__name__}>"
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #24308608
 def _message(e: BaseException) -> str:
@@ -134,14 +136,15 @@ def format_error(e: BaseException, # what user code raised
     out = ["Traceback (most recent call last):\n"]
     lines = code.splitlines()
     if lineno and 0 < lineno <= len(lines):
-        out += [f'  File "{filename}", line {lineno}, in <module>\n', f"    {lines[lineno - 1].strip()}\n"]
+        out += [f'  File "{filename}", line {lineno}, in <module>\n',
+                f"    {lines[lineno - 1].strip()}\n"]
     msg = _message(e)
     out.append(f"{type(e).__name__}: {msg}\n" if msg else f"{type(e).__name__}\n")
     return "".join(out)
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #ef99feb4
-def _result(out: OutputCap, value, error: BaseException | None, code: str, lineno: int | None, limit: int,
-            stderr: str = "") -> dict:
+def _result(out: OutputCap, value, error: BaseException | None, code: str, lineno: int | None,
+            limit: int, stderr: str = "") -> dict:
     "The reply to a run: `stdout`, `stderr`, `exit_code`, `cut`, and `fatal` when the worker must be replaced."
     logs = str(out)
     if error is None:
@@ -165,7 +168,8 @@ class InterpreterError(ValueError):
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #1da8a0af
 _INTERNAL_ATTR = re.compile(r"(f_(back|globals|locals|builtins|code|trace)|tb_(frame|next)|(gi|cr|ag)_(frame|code|await|yieldfrom)|co_\w+)$")
-_FORMATTERS = ("format", "format_map", "vformat", "get_field")  # methods that look attributes up to format a string
+# methods that look attributes up to format a string
+_FORMATTERS = ("format", "format_map", "vformat", "get_field")
 _INTERNALS = (types.FrameType, types.TracebackType, types.CodeType)
 
 def _internal_attr(name: str) -> bool:
@@ -180,7 +184,8 @@ def check_format(fmt: str # a format string, as `str.format` takes it
         if field:
             for is_attr, key in _string.formatter_field_name_split(field)[1]:
                 if is_attr and (key.startswith("_") or _internal_attr(key)):
-                    raise InterpreterError(f"Forbidden access to attribute {key!r} in a format string")
+                    raise InterpreterError("Forbidden access to attribute "
+                                           f"{key!r} in a format string")
         if spec: check_format(spec)
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #b7476457
@@ -188,8 +193,10 @@ def _is_formatter(v) -> bool:
     "Whether `v` formats a string by looking attributes up: `str.format`, `format_map`, `string.Formatter`'s methods."
     if getattr(v, "__name__", None) not in _FORMATTERS: return False
     owner = getattr(v, "__self__", None)
-    if owner is None or isinstance(owner, types.ModuleType): owner = getattr(v, "__objclass__", None)
-    if owner is None: return getattr(v, "__module__", None) == "string"  # `Formatter.format`, taken from the class
+    if owner is None or isinstance(owner, types.ModuleType):
+        owner = getattr(v, "__objclass__", None)
+    # `Formatter.format`, taken from the class
+    if owner is None: return getattr(v, "__module__", None) == "string"
     return issubclass(owner if isinstance(owner, type) else type(owner), (str, string.Formatter))
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #d498ab6a
@@ -198,7 +205,8 @@ def _guard_format(fn):
     owner = getattr(fn, "__self__", None)
     def guarded(*args, **kwargs):
         fmt = owner if isinstance(owner, str) else args[0] if args else ""
-        if isinstance(fmt, str): check_format("{" + fmt + "}" if fn.__name__ == "get_field" else fmt)
+        if isinstance(fmt, str):
+            check_format("{" + fmt + "}" if fn.__name__ == "get_field" else fmt)
         return fn(*args, **kwargs)
     guarded.__name__ = fn.__name__
     return guarded
@@ -206,14 +214,20 @@ def _guard_format(fn):
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #f767842c
 def _refuse(v):
     "Raise `InterpreterError` for a value user code may not hold: a frame, traceback or code object, a formatting method, an `attrgetter` or `methodcaller` of a private or internal name."
-    if isinstance(v, _INTERNALS): raise InterpreterError(f"Forbidden access to a {type(v).__name__} object")
-    if _is_formatter(v): raise InterpreterError(f"Forbidden access to {v.__name__} as a value: call it directly, as in '{{}}'.{v.__name__}(x)")
+    if isinstance(v, _INTERNALS):
+        raise InterpreterError(f"Forbidden access to a {type(v).__name__} object")
+    if _is_formatter(v):
+        raise InterpreterError(f"Forbidden access to {v.__name__} as a value: call it directly, as "
+                               f"in '{{}}'.{v.__name__}(x)")
     if isinstance(v, (operator.attrgetter, operator.methodcaller)):
         f, args = v.__reduce__()[:2]
-        names = args if isinstance(v, operator.attrgetter) else [f.args[0] if isinstance(f, functools.partial) else args[0]]
+        names = args if isinstance(v, operator.attrgetter) else [f.args[0]
+                                                                 if isinstance(f, functools.partial)
+                                                                 else args[0]]
         for part in (p for n in names for p in str(n).split(".")):
             if part.startswith("_") or _internal_attr(part) or part in _FORMATTERS:
-                raise InterpreterError(f"Forbidden access to attribute {part!r} through operator.{type(v).__name__}")
+                raise InterpreterError(f"Forbidden access to attribute {part!r} through "
+                                       f"operator.{type(v).__name__}")
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #19d3398d
 def _check_deep(value, check, budget: int = 1000 # how many values to check at most
@@ -240,12 +254,15 @@ def _guarded_call(evaluate_call, evaluate_ast, check):
     names = itertools.count()
     def call(node, state, static_tools, custom_tools, authorized_imports):
         chk, f = (lambda v: (_refuse(v), check(v, static_tools, authorized_imports))), node.func
-        if isinstance(f, ast.Attribute) and f.attr in _FORMATTERS:  # evaluated once, here; then called by a name only this call knows
+        # evaluated once, here; then called by a name only this call knows
+        if isinstance(f, ast.Attribute) and f.attr in _FORMATTERS:
             obj = evaluate_ast(f.value, state, static_tools, custom_tools, authorized_imports)
-            if not hasattr(obj, f.attr): raise InterpreterError(f"Object {obj} has no attribute {f.attr}")
+            if not hasattr(obj, f.attr):
+                raise InterpreterError(f"Object {obj} has no attribute {f.attr}")
             fn, key = getattr(obj, f.attr), f"\x00call{next(names)}"
             state[key] = _guard_format(fn) if _is_formatter(fn) else fn
-            try: r = evaluate_call(ast.copy_location(ast.Call(ast.Name(key, ast.Load()), node.args, node.keywords), node), state, static_tools, custom_tools, authorized_imports)
+            try:
+                r = evaluate_call(ast.copy_location(ast.Call(ast.Name(key, ast.Load()), node.args, node.keywords), node), state, static_tools, custom_tools, authorized_imports)
             finally: state.pop(key, None)
         else: r = evaluate_call(node, state, static_tools, custom_tools, authorized_imports)
         if isinstance(r, Iterator): return _checked(r, chk)
@@ -265,7 +282,8 @@ def _guarded_check(check):
 def _guarded_attribute(evaluate_attribute):
     "smolagents' `evaluate_attribute`, made to refuse the attributes of frames, tracebacks, code objects and generators."
     def attribute(node, state, static_tools, custom_tools, authorized_imports):
-        if _internal_attr(node.attr): raise InterpreterError(f"Forbidden access to attribute: {node.attr}")
+        if _internal_attr(node.attr):
+            raise InterpreterError(f"Forbidden access to attribute: {node.attr}")
         return evaluate_attribute(node, state, static_tools, custom_tools, authorized_imports)
     return attribute
 
@@ -273,14 +291,16 @@ def _guarded_attribute(evaluate_attribute):
 def _safe_getattr(getattr_):
     "The `getattr` tool `getattr_` (smolagents': no dunders), made to refuse internal attributes too."
     def getattr(obj, name, *default):
-        if isinstance(name, str) and _internal_attr(name): raise InterpreterError(f"Forbidden access to attribute: {name}")
+        if isinstance(name, str) and _internal_attr(name):
+            raise InterpreterError(f"Forbidden access to attribute: {name}")
         return getattr_(obj, name, *default)
     return getattr
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #606a8cba
 def _safe_setattr(obj, name, value):
     "`setattr`, refusing a dunder or internal attribute (smolagents' own tool refuses nothing)."
-    if not isinstance(name, str) or name.startswith("__") or _internal_attr(name): raise InterpreterError(f"Forbidden assignment to attribute: {name!r}")
+    if not isinstance(name, str) or name.startswith("__") or _internal_attr(name):
+        raise InterpreterError(f"Forbidden assignment to attribute: {name!r}")
     setattr(obj, name, value)
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #78ea793b
@@ -292,7 +312,8 @@ def harden_smolagents():
     lpe.check_safer_result = _guarded_check(check)
     lpe.evaluate_call = _guarded_call(lpe.evaluate_call, lpe.evaluate_ast, check)
     lpe.evaluate_attribute = _guarded_attribute(lpe.evaluate_attribute)
-    lpe.BASE_PYTHON_TOOLS.update(getattr=_safe_getattr(lpe.BASE_PYTHON_TOOLS["getattr"]), setattr=_safe_setattr)
+    lpe.BASE_PYTHON_TOOLS.update(getattr=_safe_getattr(lpe.BASE_PYTHON_TOOLS["getattr"]),
+                                 setattr=_safe_setattr)
     lpe._openenv_hardened = True
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #39f3645d
@@ -307,7 +328,8 @@ class Interpreter:
         from smolagents.local_python_executor import LocalPythonExecutor, evaluate_ast
         kw = {"timeout_seconds": None} if "timeout_seconds" in inspect.signature(LocalPythonExecutor).parameters else {}
         self.executor, self._eval = LocalPythonExecutor(list(authorized_imports), **kw), evaluate_ast
-        self.executor.send_tools({"format_exc": traceback.format_exc, "safe_json_dumps": _safe_json_dumps})
+        self.executor.send_tools({"format_exc": traceback.format_exc,
+                                  "safe_json_dumps": _safe_json_dumps})
         self.max_output = max_output
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #af1c0881
@@ -317,11 +339,14 @@ def run(self: Interpreter, code: str # Python source
     "Run `code` in the persistent state; any exception, `SystemExit` included, becomes `stderr`."
     out, ex, value, error, lineno = OutputCap(self.max_output), self.executor, None, None, None
     try: tree = ast.parse(code, "<code>")
-    except BaseException as e: error = e  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+    # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+    except BaseException as e: error = e
     else:
         ex.state["_print_outputs"], ex.state["_operations_count"] = out, {"counter": 0}
         for node in tree.body:
-            try: value = self._eval(node, ex.state, ex.static_tools, ex.custom_tools, ex.authorized_imports)
+            try:
+                value = self._eval(node, ex.state, ex.static_tools, ex.custom_tools,
+                                   ex.authorized_imports)
             except BaseException as e:
                 error, lineno = e, node.lineno
                 break

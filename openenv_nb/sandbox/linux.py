@@ -38,20 +38,25 @@ def in_child(fn # called with no arguments, in the child
             try: out = (True, fn())
             except BaseException as e: out = (False, e)
             try: data = pickle.dumps(out)
-            except Exception: data = pickle.dumps((False, RuntimeError(f"an answer that does not pickle: {out[1]!r}")))
+            except Exception:
+                data = pickle.dumps((False,
+                                     RuntimeError(f"an answer that does not pickle: {out[1]!r}")))
             with os.fdopen(w, "wb") as f: f.write(data)
         finally: os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f: data = f.read()
     status = os.waitpid(pid, 0)[1]
-    if not data: raise ChildProcessError(f"the child ended without an answer (exit status {os.waitstatus_to_exitcode(status)})")
+    if not data:
+        raise ChildProcessError("the child ended without an answer (exit status "
+                                f"{os.waitstatus_to_exitcode(status)})")
     ok, value = pickle.loads(data)
     if ok: return value
     raise value
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #c2c21ff3
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
 
 def _ok(ret: int, what: str):
     "Raise the `OSError` of `errno`, naming `what`, when a libc call returned non-zero."
@@ -76,9 +81,11 @@ def unshare(flags: int # `CLONE_NEW*` flags, or-ed
 # %% ../../nbs/08_sandbox/02_linux.ipynb #efbc5dac
 # `prctl` options (<linux/prctl.h>)
 PR_SET_PDEATHSIG = 1  # the signal to get when the parent ends
-PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # 0: no core file; `/proc/<pid>/mem`, `environ`, `fd` closed to processes of its uid
+# 0: no core file; `/proc/<pid>/mem`, `environ`, `fd` closed to processes of its uid
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 PR_SET_SECCOMP = 22  # load a syscall filter (with `SECCOMP_MODE_FILTER`)
-PR_SET_NO_NEW_PRIVS = 38  # no `execve` may gain privileges: what lets a process without `CAP_SYS_ADMIN` load a filter
+# no `execve` may gain privileges: what lets a process without `CAP_SYS_ADMIN` load a filter
+PR_SET_NO_NEW_PRIVS = 38
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #121829f5
 def prctl(option: int, # a `PR_*` option
@@ -92,7 +99,9 @@ def _dumpable_layer() -> LayerState:
     "Make this process not dumpable; the dumpable layer."
     try: prctl(PR_SET_DUMPABLE, 0)
     except OSError as e: return LayerState(Status.refused, f"dumpable ({e})")
-    return LayerState(Status.held, "not dumpable: no core file; its /proc/<pid>/mem and environ are closed to its uid")
+    return LayerState(Status.held,
+                      "not dumpable: no core file; its /proc/<pid>/mem "
+                      "and environ are closed to its uid")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #4da8ed41
 MB = 1 << 20
@@ -101,8 +110,10 @@ def set_limits(cfg: SandboxConfig, # the limits
                base_vm: int = 0 # the process's address space now, in bytes
               ) -> dict:
     "Apply `cfg`'s resource limits to this process; return, by name, what was set or why not."
-    want = {"AS": base_vm + cfg.memory_mb * MB, "CPU": (math.ceil(cfg.cpu_s), math.ceil(max(cfg.cpu_s, cfg.cpu_total_s))),
-            "NOFILE": cfg.open_files, "NPROC": 0, "FSIZE": cfg.file_size_mb * MB, "CORE": 0, "MEMLOCK": 0, "MSGQUEUE": 0}
+    want = {"AS": base_vm + cfg.memory_mb * MB,
+            "CPU": (math.ceil(cfg.cpu_s), math.ceil(max(cfg.cpu_s, cfg.cpu_total_s))),
+            "NOFILE": cfg.open_files, "NPROC": 0, "FSIZE": cfg.file_size_mb * MB, "CORE": 0,
+            "MEMLOCK": 0, "MSGQUEUE": 0}
     got = {}
     for name, v in want.items():
         soft, hard = v if isinstance(v, tuple) else (v, v)
@@ -119,17 +130,20 @@ def step_cpu_limit(cpu_s: float # CPU seconds the next step may use
     ru = resource.getrusage(resource.RUSAGE_SELF)
     soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
     new = math.ceil(ru.ru_utime + ru.ru_stime + cpu_s)
-    resource.setrlimit(resource.RLIMIT_CPU, (new if hard == resource.RLIM_INFINITY else min(new, hard), hard))
+    resource.setrlimit(resource.RLIMIT_CPU,
+                       (new if hard == resource.RLIM_INFINITY else min(new, hard), hard))
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #d2de1a7f
 def _limits_layer(cfg: SandboxConfig, base_vm: int) -> LayerState:
     "Apply `cfg`'s limits; the limits layer: `held` when every one was set, `degraded` when one was not."
     got = set_limits(cfg, base_vm)
     unset = [k for k, v in got.items() if isinstance(v, str)]
-    detail = (f"{cfg.cpu_s:g} CPU s a step, {cfg.cpu_total_s:g} in all; +{cfg.memory_mb:,} MB of address space; "
+    detail = (f"{cfg.cpu_s:g} CPU s a step, {cfg.cpu_total_s:g} "
+              f"in all; +{cfg.memory_mb:,} MB of address space; "
               f"{cfg.open_files} files; no new processes; wall clock {cfg.timeout_s:g} s")
     if unset: detail += f"; not set: {', '.join(unset)}"
-    return LayerState(Status.degraded if unset else Status.held, detail, {**got, "wall_clock_s": cfg.timeout_s})
+    return LayerState(Status.degraded if unset else Status.held, detail,
+                      {**got, "wall_clock_s": cfg.timeout_s})
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #fa5cadef
 def new_netns():
@@ -169,89 +183,144 @@ def drop_user(uid: int # the uid (and gid) to become
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 class _CapHeader(ctypes.Structure): _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-class _CapData(ctypes.Structure): _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #b880d0f0
 def drop_caps():
     "Drop every capability of this process (it keeps its uid)."
-    _ok(_libc.capset(ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), (_CapData * 2)()), "capset")
+    _ok(_libc.capset(ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), (_CapData * 2)()),
+        "capset")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #f1dcef8e
 def _user_layer(cfg: SandboxConfig, uid: int | None, userns: bool) -> LayerState:
     "Drop to `uid` when given, and every capability in any case; the user layer."
     if uid is not None: drop_user(uid)
     drop_caps()
-    if uid is not None: return LayerState(Status.held, f"uid {uid}, its own; no capabilities", {"uid": uid})
-    if userns: return LayerState(Status.degraded, "the server's uid, in a user namespace; no capabilities", {"uid": os.getuid()})
+    if uid is not None:
+        return LayerState(Status.held, f"uid {uid}, its own; no capabilities", {"uid": uid})
+    if userns:
+        return LayerState(Status.degraded, "the server's uid, in a user namespace; no capabilities",
+                          {"uid": os.getuid()})
     who = "root" if os.geteuid() == 0 else "the server's uid"
-    if not cfg.drop_user: return LayerState(Status.off, f"{who} (drop_user=False); no capabilities", {"uid": os.getuid()})
-    return LayerState(Status.refused, f"{who} (no other uid to switch to); no capabilities", {"uid": os.getuid()})
+    if not cfg.drop_user:
+        return LayerState(Status.off, f"{who} (drop_user=False); no capabilities",
+                          {"uid": os.getuid()})
+    return LayerState(Status.refused, f"{who} (no other uid to switch to); no capabilities",
+                      {"uid": os.getuid()})
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #d40da9d5
 def can_switch_uid() -> bool:
     "Whether this process may become another uid: `CAP_SETUID` and `CAP_SETGID` are in effect (root has them)."
-    try: eff = int(next(l for l in open("/proc/self/status") if l.startswith("CapEff")).split()[1], 16)
+    try:
+        eff = int(next(l for l in open("/proc/self/status") if l.startswith("CapEff")).split()[1],
+                  16)
     except (OSError, StopIteration, ValueError): return os.geteuid() == 0
     return eff & 0xC0 == 0xC0  # bits 6 and 7
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #8b16c481
-DENIED_SYSCALLS = ("socket", "socketpair", "fork", "vfork", "clone", "clone3", "execve", "execveat", "ptrace",
-                   "process_vm_readv", "process_vm_writev", "pidfd_getfd", "pidfd_open", "pidfd_send_signal", "mount",
-                   "umount2", "pivot_root", "chroot", "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig",
-                   "fsmount", "mount_setattr", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-                   "io_uring_register", "keyctl", "add_key", "request_key", "init_module", "finit_module", "delete_module",
-                   "kexec_load", "reboot", "swapon", "swapoff", "acct", "personality", "name_to_handle_at",
-                   "open_by_handle_at", "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "semget", "semop",
-                   "semtimedop", "semctl", "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend",
-                   "mq_timedreceive", "mq_notify", "mq_getsetattr", "setpriority", "ioprio_set", "migrate_pages",
-                   "move_pages", "process_madvise", "process_mrelease", "kcmp")
-SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64", "sched_setaffinity",
-             "sched_setscheduler", "sched_setparam", "sched_setattr")  # allowed only when the first argument is 0 or the worker's pid
-FCNTL_DENIED = (8, 10, 15)  # `fcntl` commands F_SETOWN, F_SETSIG, F_SETOWN_EX: a signal to another process when a descriptor is ready
+DENIED_SYSCALLS = ("socket", "socketpair", "fork", "vfork", "clone", "clone3", "execve", "execveat",
+                   "ptrace",
+                   "process_vm_readv", "process_vm_writev", "pidfd_getfd", "pidfd_open",
+                   "pidfd_send_signal", "mount",
+                   "umount2", "pivot_root", "chroot", "unshare", "setns", "open_tree", "move_mount",
+                   "fsopen", "fsconfig",
+                   "fsmount", "mount_setattr", "bpf", "perf_event_open", "userfaultfd",
+                   "io_uring_setup", "io_uring_enter",
+                   "io_uring_register", "keyctl", "add_key", "request_key", "init_module",
+                   "finit_module", "delete_module",
+                   "kexec_load", "reboot", "swapon", "swapoff", "acct", "personality",
+                   "name_to_handle_at",
+                   "open_by_handle_at", "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl",
+                   "semget", "semop",
+                   "semtimedop", "semctl", "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open",
+                   "mq_unlink", "mq_timedsend",
+                   "mq_timedreceive", "mq_notify", "mq_getsetattr", "setpriority", "ioprio_set",
+                   "migrate_pages", "move_pages", "process_madvise", "process_mrelease", "kcmp")
+SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64",
+             "sched_setaffinity",
+             # allowed only when the first argument is 0 or the worker's pid
+             "sched_setscheduler", "sched_setparam", "sched_setattr")
+# `fcntl` commands F_SETOWN, F_SETSIG, F_SETOWN_EX: a
+# signal to another process when a descriptor is ready
+FCNTL_DENIED = (8, 10, 15)
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #6f9e8e31
 # `struct seccomp_data.arch` of each architecture with a syscall table here (<linux/audit.h>)
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7
 
-_ARCH = {  # AUDIT_ARCH value, and syscall numbers (asm/unistd_64.h; aarch64 uses asm-generic/unistd.h); Landlock's for `denied=`
-    "x86_64": (AUDIT_ARCH_X86_64, dict(socket=41, socketpair=53, fork=57, vfork=58, clone=56, clone3=435, execve=59, execveat=322,
-        ptrace=101, process_vm_readv=310, process_vm_writev=311, pidfd_getfd=438, pidfd_open=434, pidfd_send_signal=424,
-        mount=165, umount2=166, pivot_root=155, chroot=161, unshare=272, setns=308, open_tree=428, move_mount=429, fsopen=430,
-        fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298, userfaultfd=323, io_uring_setup=425,
-        io_uring_enter=426, io_uring_register=427, keyctl=250, add_key=248, request_key=249, init_module=175, finit_module=313,
-        delete_module=176, kexec_load=246, reboot=169, swapon=167, swapoff=168, acct=163, personality=135, name_to_handle_at=303,
-        open_by_handle_at=304, memfd_create=319, memfd_secret=447, shmget=29, shmat=30, shmctl=31, semget=64, semop=65,
-        semtimedop=220, semctl=66, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240, mq_unlink=241, mq_timedsend=242,
-        mq_timedreceive=243, mq_notify=244, mq_getsetattr=245, setpriority=141, ioprio_set=251, migrate_pages=256,
-        move_pages=279, process_madvise=440, process_mrelease=448, kcmp=312, kill=62, tkill=200, tgkill=234, rt_sigqueueinfo=129,
-        rt_tgsigqueueinfo=297, prlimit64=302, sched_setaffinity=203, sched_setscheduler=144, sched_setparam=142,
-        sched_setattr=314, fcntl=72, landlock_create_ruleset=444, landlock_add_rule=445, landlock_restrict_self=446)),
-    "aarch64": (AUDIT_ARCH_AARCH64, dict(socket=198, socketpair=199, clone=220, clone3=435, execve=221, execveat=281, ptrace=117,
-        process_vm_readv=270, process_vm_writev=271, pidfd_getfd=438, pidfd_open=434, pidfd_send_signal=424, mount=40,
-        umount2=39, pivot_root=41, chroot=51, unshare=97, setns=268, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
-        fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282, io_uring_setup=425, io_uring_enter=426,
-        io_uring_register=427, keyctl=219, add_key=217, request_key=218, init_module=105, finit_module=273, delete_module=106,
-        kexec_load=104, reboot=142, swapon=224, swapoff=225, acct=89, personality=92, name_to_handle_at=264,
-        open_by_handle_at=265, memfd_create=279, memfd_secret=447, shmget=194, shmat=196, shmctl=195, semget=190, semop=193,
-        semtimedop=192, semctl=191, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180, mq_unlink=181,
-        mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, setpriority=140, ioprio_set=30,
-        migrate_pages=238, move_pages=239, process_madvise=440, process_mrelease=448, kcmp=272, kill=129, tkill=130, tgkill=131,
-        rt_sigqueueinfo=138, rt_tgsigqueueinfo=240, prlimit64=261, sched_setaffinity=122, sched_setscheduler=119,
-        sched_setparam=118, sched_setattr=274, fcntl=25, landlock_create_ruleset=444, landlock_add_rule=445,
+# AUDIT_ARCH value, and syscall numbers (asm/unistd_64.h;
+# aarch64 uses asm-generic/unistd.h); Landlock's for `denied=`
+_ARCH = {
+    "x86_64": (AUDIT_ARCH_X86_64,
+               dict(socket=41, socketpair=53, fork=57, vfork=58, clone=56, clone3=435, execve=59,
+                    execveat=322,
+        ptrace=101, process_vm_readv=310, process_vm_writev=311, pidfd_getfd=438, pidfd_open=434,
+                    pidfd_send_signal=424,
+        mount=165, umount2=166, pivot_root=155, chroot=161, unshare=272, setns=308, open_tree=428,
+                    move_mount=429, fsopen=430,
+        fsconfig=431, fsmount=432, mount_setattr=442, bpf=321, perf_event_open=298, userfaultfd=323,
+                    io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, keyctl=250, add_key=248, request_key=249,
+                    init_module=175, finit_module=313,
+        delete_module=176, kexec_load=246, reboot=169, swapon=167, swapoff=168, acct=163,
+                    personality=135, name_to_handle_at=303,
+        open_by_handle_at=304, memfd_create=319, memfd_secret=447, shmget=29, shmat=30, shmctl=31,
+                    semget=64, semop=65,
+        semtimedop=220, semctl=66, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240,
+                    mq_unlink=241, mq_timedsend=242,
+        mq_timedreceive=243, mq_notify=244, mq_getsetattr=245, setpriority=141, ioprio_set=251,
+                    migrate_pages=256,
+        move_pages=279, process_madvise=440, process_mrelease=448, kcmp=312, kill=62, tkill=200,
+                    tgkill=234, rt_sigqueueinfo=129,
+        rt_tgsigqueueinfo=297, prlimit64=302, sched_setaffinity=203, sched_setscheduler=144,
+                    sched_setparam=142,
+        sched_setattr=314, fcntl=72, landlock_create_ruleset=444, landlock_add_rule=445,
+                    landlock_restrict_self=446)),
+    "aarch64": (AUDIT_ARCH_AARCH64,
+                dict(socket=198, socketpair=199, clone=220, clone3=435, execve=221, execveat=281,
+                     ptrace=117,
+        process_vm_readv=270, process_vm_writev=271, pidfd_getfd=438, pidfd_open=434,
+                     pidfd_send_signal=424, mount=40,
+        umount2=39, pivot_root=41, chroot=51, unshare=97, setns=268, open_tree=428, move_mount=429,
+                     fsopen=430, fsconfig=431,
+        fsmount=432, mount_setattr=442, bpf=280, perf_event_open=241, userfaultfd=282,
+                     io_uring_setup=425, io_uring_enter=426,
+        io_uring_register=427, keyctl=219, add_key=217, request_key=218, init_module=105,
+                     finit_module=273, delete_module=106,
+        kexec_load=104, reboot=142, swapon=224, swapoff=225, acct=89, personality=92,
+                     name_to_handle_at=264,
+        open_by_handle_at=265, memfd_create=279, memfd_secret=447, shmget=194, shmat=196,
+                     shmctl=195, semget=190, semop=193,
+        semtimedop=192, semctl=191, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
+                     mq_unlink=181,
+        mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, setpriority=140,
+                     ioprio_set=30,
+        migrate_pages=238, move_pages=239, process_madvise=440, process_mrelease=448, kcmp=272,
+                     kill=129, tkill=130, tgkill=131,
+        rt_sigqueueinfo=138, rt_tgsigqueueinfo=240, prlimit64=261, sched_setaffinity=122,
+                     sched_setscheduler=119,
+        sched_setparam=118, sched_setattr=274, fcntl=25, landlock_create_ruleset=444,
+                     landlock_add_rule=445,
         landlock_restrict_self=446)),
 }
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #59a1c92f
-# Classic BPF as seccomp runs it (<linux/filter.h>, <linux/bpf_common.h>): an instruction is (code, jt, jf, k)
-BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: load the 32-bit word at offset k of `struct seccomp_data`
+# Classic BPF as seccomp runs it (<linux/filter.h>,
+# <linux/bpf_common.h>): an instruction is (code, jt, jf, k)
+# BPF_LD | BPF_W | BPF_ABS: load the 32-bit word at offset k of `struct seccomp_data`
+BPF_LD_W_ABS = 0x20
 BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K: skip jt instructions if it equals k, else jf
 BPF_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K: skip jt instructions if it is >= k, else jf
 BPF_RET_K = 0x06  # BPF_RET | BPF_K: the filter's answer is k
 _BPF_INSN = struct.Struct("HBBI")  # struct sock_filter
 
-# seccomp (<linux/seccomp.h>): offsets in `struct seccomp_data`, answers, the filter mode; and x32's bit (<asm/unistd.h>)
-SECCOMP_DATA_NR, SECCOMP_DATA_ARCH, SECCOMP_DATA_ARGS = 0, 4, 16  # offsets: the syscall number, the architecture, `args[0]`
+# seccomp (<linux/seccomp.h>): offsets in `struct seccomp_data`,
+# answers, the filter mode; and x32's bit (<asm/unistd.h>)
+# offsets: the syscall number, the architecture, `args[0]`
+SECCOMP_DATA_NR, SECCOMP_DATA_ARCH, SECCOMP_DATA_ARGS = 0, 4, 16
 SECCOMP_RET_KILL_PROCESS = 0x80000000  # kill the whole process
 SECCOMP_RET_ERRNO = 0x00050000  # fail the syscall with the errno in the low 16 bits
 SECCOMP_RET_ALLOW = 0x7FFF0000  # let the syscall run
@@ -262,18 +331,22 @@ X32_SYSCALL_BIT = 0x40000000  # set in the numbers of x86-64's x32 ABI, whose ta
 def _arg_in(nr: int, # a syscall number
             arg: int, # which argument: 0 for the first
             values, # what it is compared with (its low 32 bits: a pid, a command)
-            allow: bool # allow the call when the argument is one of `values` (and refuse it otherwise), or the reverse
+            # allow the call when the argument is one of
+            # `values` (and refuse it otherwise), or the reverse
+            allow: bool
            ) -> list[tuple]:
     "BPF instructions that decide syscall `nr` by one argument, and skip themselves for any other syscall."
     hit, miss = (SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno.EPERM)[::1 if allow else -1]
     n = len(values)
-    body = [(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARGS + 8 * arg), *[(BPF_JEQ_K, n - i, 0, v & 0xFFFFFFFF) for i, v in enumerate(values)],
+    body = [(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARGS + 8 * arg),
+            *[(BPF_JEQ_K, n - i, 0, v & 0xFFFFFFFF) for i, v in enumerate(values)],
             (BPF_RET_K, 0, 0, miss), (BPF_RET_K, 0, 0, hit)]
     return [(BPF_JEQ_K, 0, len(body), nr), *body]
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #c2939214
 def seccomp_program(machine: str | None = None, # `platform.machine()` by default
-                    pid: int | None = None, # the process that will load it: `SELF_ONLY` and `fcntl` are checked for it
+                    # the process that will load it: `SELF_ONLY` and `fcntl` are checked for it
+                    pid: int | None = None,
                     denied=DENIED_SYSCALLS # the syscalls answered `EPERM`
                    ) -> bytes:
     "A classic-BPF seccomp program: `EPERM` for `denied`, for the x32 ABI, and (with `pid`) for signals to others; other architectures are killed."
@@ -281,8 +354,8 @@ def seccomp_program(machine: str | None = None, # `platform.machine()` by defaul
     if machine not in _ARCH: raise OSError(errno.ENOSYS, f"no syscall table for {machine}")
     arch, nrs = _ARCH[machine]
     eperm = SECCOMP_RET_ERRNO | errno.EPERM
-    ins = [(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH), (BPF_JEQ_K, 1, 0, arch), (BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
-           (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR)]
+    ins = [(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH), (BPF_JEQ_K, 1, 0, arch),
+           (BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS), (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR)]
     if machine == "x86_64": ins += [(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, eperm)]
     for name in denied:
         if name in nrs: ins += [(BPF_JEQ_K, 0, 1, nrs[name]), (BPF_RET_K, 0, 0, eperm)]
@@ -293,9 +366,11 @@ def seccomp_program(machine: str | None = None, # `platform.machine()` by defaul
     return b"".join(_BPF_INSN.pack(*i) for i in ins)
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #b966290b
-class _Fprog(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # struct sock_fprog
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]  # struct sock_fprog
 
-def install_seccomp(pid: int | None = None, # this process's pid, for the argument checks (`seccomp_program`)
+def install_seccomp(pid: int | None = None,
+                    # this process's pid, for the argument checks (`seccomp_program`)
                     denied=DENIED_SYSCALLS # the syscalls answered `EPERM`
                    ):
     "Set `no_new_privs` and load `seccomp_program(pid=pid, denied=denied)` into this process, for good."
@@ -303,8 +378,8 @@ def install_seccomp(pid: int | None = None, # this process's pid, for the argume
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = _Fprog(len(prog) // _BPF_INSN.size, ctypes.addressof(buf))
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    _ok(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
-                    ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+    _ok(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                    ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #ffdb99c3
 def _seccomp_layer(cfg: SandboxConfig) -> LayerState:
@@ -312,7 +387,9 @@ def _seccomp_layer(cfg: SandboxConfig) -> LayerState:
     if not cfg.seccomp: return LayerState(Status.off, "off (seccomp=False)")
     try: install_seccomp(os.getpid())
     except OSError as e: return LayerState(Status.refused, f"off ({e})")
-    return LayerState(Status.held, "on: no new processes, sockets, mounts, namespaces, IPC or ptrace; signals to itself only")
+    return LayerState(Status.held,
+                      "on: no new processes, sockets, mounts, "
+                      "namespaces, IPC or ptrace; signals to itself only")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #49786d91
 # `mount` flags (<linux/mount.h>)
@@ -328,8 +405,10 @@ MS_PRIVATE = 1 << 18  # mount events do not travel to or from other namespaces
 MS_RELATIME = 1 << 21
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #b3ef6075
-# The flags of a mount (`statvfs`) that a user namespace locks, and the `mount` flag that keeps each on a remount
-_ST_FLAGS = {os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC, os.ST_NOSUID: MS_NOSUID, os.ST_NOATIME: MS_NOATIME,
+# The flags of a mount (`statvfs`) that a user namespace
+# locks, and the `mount` flag that keeps each on a remount
+_ST_FLAGS = {os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC, os.ST_NOSUID: MS_NOSUID,
+             os.ST_NOATIME: MS_NOATIME,
              os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
 
 def _bind_ro(src: str, root: str):
@@ -341,11 +420,13 @@ def _bind_ro(src: str, root: str):
         open(dst, "a").close()
     _ok(_libc.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
     st = os.statvfs(src).f_flag
-    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | sum(m for s, m in _ST_FLAGS.items() if st & s)
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | sum(m for s, m in _ST_FLAGS.items()
+                                                               if st & s)
     _ok(_libc.mount(None, dst.encode(), None, flags, None), f"read-only {src}")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #c4689312
-SYSTEM_PATHS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
+SYSTEM_PATHS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32",
+                "/usr/local/lib",
                 "/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 
 def _module_roots(modules) -> list[str]:
@@ -353,7 +434,9 @@ def _module_roots(modules) -> list[str]:
     roots = []
     for m in modules:
         f = getattr(sys.modules.get(m), "__file__", None)
-        if f: roots += [p for p in sys.path if os.path.isabs(p) and os.path.realpath(f).startswith(os.path.realpath(p) + os.sep)]
+        if f:
+            roots += [p for p in sys.path if os.path.isabs(p)
+                      and os.path.realpath(f).startswith(os.path.realpath(p) + os.sep)]
     return roots
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #7dffba0a
@@ -362,7 +445,8 @@ def root_paths(modules=(), # imported modules whose `sys.path` entries workers n
               ) -> list[str]:
     "What the workers' root holds: the Python installation, where `modules` came from, and `SYSTEM_PATHS`; each once."
     install = [sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
-    cands = [p for p in [*install, *_module_roots(modules), *SYSTEM_PATHS, *extra] if p and os.path.isabs(p) and os.path.exists(p)]
+    cands = [p for p in [*install, *_module_roots(modules), *SYSTEM_PATHS, *extra] if p
+             and os.path.isabs(p) and os.path.exists(p)]
     seen, out = set(), []
     for p in sorted({os.path.realpath(p) for p in cands}):
         if p == "/" or any(p.startswith(q.rstrip("/") + "/") for q in seen): continue
@@ -373,7 +457,9 @@ def root_paths(modules=(), # imported modules whose `sys.path` entries workers n
 def _mountpoint(paths: list[str]) -> str:
     "An existing directory to mount the new root on, holding none of `paths`."
     for d in ("/mnt", "/media", "/srv", "/opt", "/var/tmp", "/tmp"):
-        if os.path.isdir(d) and not os.path.islink(d) and not any(p == d or p.startswith(d + "/") for p in paths): return d
+        if os.path.isdir(d) and not os.path.islink(d) and not any(p == d or p.startswith(d + "/")
+                                                                  for p in paths):
+            return d
     return tempfile.mkdtemp(prefix="openenv-root-")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #77b51b55
@@ -384,9 +470,11 @@ def build_root(paths: list[str], # real paths to expose, read-only
     unshare(CLONE_NEWNS)
     _ok(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     root = _mountpoint(paths)
-    _ok(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode=0755".encode()), "tmpfs")
+    _ok(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                    f"size={size_mb}m,mode=0755".encode()), "tmpfs")
     for p in paths: _bind_ro(p, root)
-    for p in [*sys.path, *SYSTEM_PATHS, *sysconfig.get_paths().values()]:  # reached through a symlink (/lib -> usr/lib)?
+    # reached through a symlink (/lib -> usr/lib)?
+    for p in [*sys.path, *SYSTEM_PATHS, *sysconfig.get_paths().values()]:
         if not (os.path.isabs(p) and os.path.exists(p)) or os.path.realpath(p) == p: continue
         rp = os.path.realpath(p)
         if any(rp == q or rp.startswith(q + "/") for q in paths) and not os.path.lexists(root + p):
@@ -414,17 +502,21 @@ def _userns_and_mounts():
     _ok(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #cac0b10a
-# Landlock (<linux/landlock.h>): its syscalls (the same numbers on x86-64 and aarch64), flags and access rights
+# Landlock (<linux/landlock.h>): its syscalls (the same
+# numbers on x86-64 and aarch64), flags and access rights
 NR_LANDLOCK_CREATE_RULESET, NR_LANDLOCK_ADD_RULE, NR_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_CREATE_RULESET_VERSION = 1  # `landlock_create_ruleset` flag: answer the ABI version
 LANDLOCK_RULE_PATH_BENEATH = 1  # a rule's type: rights beneath a directory (or on a file)
 LL_READ = 1 | 4 | 8  # EXECUTE, READ_FILE, READ_DIR
-LL_FILE = 1 | 2 | 4 | 1 << 14 | 1 << 15  # the rights a rule on a file (not a directory) may hold: EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE, IOCTL_DEV
+# the rights a rule on a file (not a directory) may hold:
+# EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE, IOCTL_DEV
+LL_FILE = 1 | 2 | 4 | 1 << 14 | 1 << 15
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #55c5ce4e
 def landlock_abi() -> int:
     "The Landlock ABI version this kernel has, 0 when it has none (or a filter refuses the call)."
-    r = _libc.syscall(NR_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    r = _libc.syscall(NR_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                      ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
     return max(r, 0)
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #0a2028cd
@@ -437,7 +529,8 @@ def _ruleset(abi: int) -> int:
     "A new ruleset handling every right of `abi`: files, TCP `bind` and `connect` (4), signal and socket scopes (6); its fd."
     attr = struct.pack("<QQQ", _fs_rights(abi), 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
     buf = ctypes.create_string_buffer(attr, len(attr))
-    fd = _libc.syscall(NR_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    fd = _libc.syscall(NR_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)),
+                       ctypes.c_uint32(0))
     if fd < 0: _ok(fd, "landlock_create_ruleset")
     return fd
 
@@ -450,8 +543,10 @@ def _allow(ruleset: int, # a ruleset's fd
     fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode): rights &= LL_FILE
-        rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd), 12)  # struct landlock_path_beneath_attr, packed
-        _ok(_libc.syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)),
+        # struct landlock_path_beneath_attr, packed
+        rule = ctypes.create_string_buffer(struct.pack("<Qi", rights, fd), 12)
+        _ok(_libc.syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                          ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)),
             f"landlock rule for {path}")
     finally: os.close(fd)
 
@@ -477,7 +572,8 @@ def landlock_restrict(ruleset: int # from `landlock_ruleset`; closed here
     "Confine this process, for good, to what `ruleset` allows (and, as its kernel allows, TCP, signals and sockets to itself)."
     try:
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        _ok(_libc.syscall(NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "landlock_restrict_self")
+        _ok(_libc.syscall(NR_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)),
+            "landlock_restrict_self")
     finally: os.close(ruleset)
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #60703775
@@ -505,4 +601,6 @@ def _landlock_layer(rules: tuple[int, int] | OSError, # from `_landlock_rules`
         landlock_restrict(rules[0])
     except OSError as e: return LayerState(Status.refused, f"no Landlock ({e})")
     scoped = "; signals and abstract sockets scoped to itself" if rules[1] >= 6 else ""
-    return LayerState(Status.held, f"Landlock ABI {rules[1]}: reads the Python installation, writes {', '.join(write)}{scoped}", {"abi": rules[1], "write": write})
+    return LayerState(Status.held,
+                      f"Landlock ABI {rules[1]}: reads the Python installation, writes "
+                      f"{', '.join(write)}{scoped}", {"abi": rules[1], "write": write})

@@ -34,19 +34,26 @@ from .forkserver import _BOOT, _zrecv, _zsend
 # %% ../../nbs/08_sandbox/05_zygote.ipynb #de1380a5
 class Zygote:
     "The server's handle on a fork server: a warm Python with smolagents imported that forks one worker per episode."
-    def __init__(self, chroot: bool | None = None, # a root with only Python in it: `None` where the kernel allows, `True` or fail
-                 userns: bool | None = None, # a user namespace: `None` when not root and the kernel allows, `True` or fail
-                 pidns: bool | None = None, # a PID namespace of the workers' own: `None` where the kernel allows, `False` never
+    def __init__(self, chroot: bool | None = None,
+                 # a root with only Python in it: `None` where the kernel allows, `True` or fail
+                 # a user namespace: `None` when not root and the kernel allows, `True` or fail
+                 userns: bool | None = None,
+                 # a PID namespace of the workers' own: `None`
+                 # where the kernel allows, `False` never
+                 pidns: bool | None = None,
                  preload=DEFAULT_IMPORTS, # modules to import before forking
-                 python: str | None = None, # the Python that runs it: default `OPENENV_SANDBOX_PYTHON`, else this one
+                 # the Python that runs it: default `OPENENV_SANDBOX_PYTHON`, else this one
+                 python: str | None = None,
                  start_timeout_s: float = 60.0 # limit on starting
                 ):
         self.opts = {"chroot": chroot, "userns": userns, "pidns": pidns, "preload": list(preload)}
         self.python = python or os.environ.get("OPENENV_SANDBOX_PYTHON") or sys.executable
         self.start_timeout_s, self.proc, self.sock, self.info = start_timeout_s, None, None, {}
-        self._lock, self._budget, self.reserved_mb = threading.Lock(), threading.Lock(), 0  # `reserved_mb`: see `reserve`
+        # `reserved_mb`: see `reserve`
+        self._lock, self._budget, self.reserved_mb = threading.Lock(), threading.Lock(), 0
 
-    def __repr__(self): return f"Zygote(pid={self.proc.pid if self.proc else None}, alive={self.alive})"
+    def __repr__(self):
+        return f"Zygote(pid={self.proc.pid if self.proc else None}, alive={self.alive})"
 
 # %% ../../nbs/08_sandbox/05_zygote.ipynb #1f066288
 @patch(as_prop=True)
@@ -62,10 +69,16 @@ def start(self: Zygote) -> Zygote:
     paths = [p for p in sys.path if os.path.isabs(p)]
     env = {k: os.environ[k] for k in ZYGOTE_ENV if k in os.environ}
     self._log = tempfile.TemporaryFile()
-    prctl(PR_SET_DUMPABLE, 0)  # this process's environment may hold secrets (a token): no worker of its uid reads it through /proc
+    # this process's environment may hold secrets (a
+    # token): no worker of its uid reads it through /proc
+    prctl(PR_SET_DUMPABLE, 0)
     try:
-        with b: self.proc = subprocess.Popen([self.python, "-I", "-c", _BOOT, json.dumps(paths), str(b.fileno()), json.dumps(self.opts)],
-                                             pass_fds=[b.fileno()], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        with b:
+            self.proc = subprocess.Popen([self.python, "-I", "-c", _BOOT, json.dumps(paths),
+                                          str(b.fileno()), json.dumps(self.opts)],
+                                             pass_fds=[b.fileno()], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=self._log)
     except OSError as e:
         a.close()
         raise SandboxError(f"the fork server did not start: {self.python}: {e}") from None
@@ -77,7 +90,8 @@ def start(self: Zygote) -> Zygote:
     if not ready.pop("ready", False):
         self.close()
         self._log.seek(0)
-        raise SandboxError(f"the fork server did not start: {ready.get('error')}\n{self._log.read()[-2000:].decode(errors='replace')}")
+        raise SandboxError("the fork server did not start: "
+                           f"{ready.get('error')}\n{self._log.read()[-2000:].decode(errors='replace')}")
     self.info = ready
     return self
 
@@ -88,7 +102,8 @@ def request(self: Zygote, msg: dict, # the request
             timeout_s: float = 30.0 # how long the turn and the answer may each take
            ) -> dict:
     "Send `msg` (with `fds`) to the fork server and return its answer."
-    if not self._lock.acquire(timeout=timeout_s): raise SandboxError(f"the fork server is busy: no turn within {timeout_s:g} s")
+    if not self._lock.acquire(timeout=timeout_s):
+        raise SandboxError(f"the fork server is busy: no turn within {timeout_s:g} s")
     try:
         sock = self.sock  # `close` may clear it from another thread
         if sock is None or not self.alive: raise SandboxError("the fork server is not running")
@@ -98,7 +113,8 @@ def request(self: Zygote, msg: dict, # the request
             reply, got = _zrecv(sock, maxfds=1)
         except (OSError, EOFError, ValueError) as e:
             self._kill_process()
-            raise SandboxError(f"the fork server failed ({type(e).__name__}: {e}); it will be replaced") from None
+            raise SandboxError(f"the fork server failed ({type(e).__name__}: "
+                               f"{e}); it will be replaced") from None
     finally: self._lock.release()
     if got: reply["fds"] = got
     if "error" in reply:
@@ -147,8 +163,10 @@ def reserve(self: Zygote, cfg: SandboxConfig) -> int:
     "Count a worker of `cfg` against the cap on all workers' memory (`cfg.total_mb`); `CapacityError` if it does not fit. The MB counted."
     with self._budget:
         if self.reserved_mb + cfg.worker_mb > cfg.total_mb:
-            raise CapacityError(f"the sandbox's memory cap is reached: its workers hold {self.reserved_mb:,} of {cfg.total_mb:,} MB "
-                                f"(total_memory_mb), and one more needs {cfg.worker_mb:,} (memory_mb + tmp_mb)")
+            raise CapacityError("the sandbox's memory cap is reached: its workers hold "
+                                f"{self.reserved_mb:,} of {cfg.total_mb:,} MB "
+                                "(total_memory_mb), and one more needs "
+                                f"{cfg.worker_mb:,} (memory_mb + tmp_mb)")
         self.reserved_mb += cfg.worker_mb
     return cfg.worker_mb
 
@@ -167,7 +185,9 @@ def spawn(self: Zygote, cfg: SandboxConfig, # the worker's limits and layers
     "Fork a worker, counted against the memory cap; its layers come with its hello (`Worker.hello`)."
     mb = self.reserve(cfg)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try: r = self.request({"op": "spawn", "cfg": dataclasses.asdict(cfg), "seed": seed}, fds=[theirs.fileno()])
+    try:
+        r = self.request({"op": "spawn", "cfg": dataclasses.asdict(cfg), "seed": seed},
+                         fds=[theirs.fileno()])
     except BaseException:
         mine.close(); self.release(mb)
         raise
@@ -214,7 +234,8 @@ def ended(self: Worker, wait_s: float = 0.0 # how long to wait for it to end
          ) -> dict | None:
     "How this worker ended (`{signal, name}`, `{code}`), waiting up to `wait_s` on its pidfd, holding no lock; `None` if it still runs."
     deadline = time.monotonic() + wait_s
-    if self.pidfd is not None and wait_s > 0: select.select([self.pidfd], [], [], wait_s)  # readable once it has ended
+    # readable once it has ended
+    if self.pidfd is not None and wait_s > 0: select.select([self.pidfd], [], [], wait_s)
     while True:
         r = self.zygote.status(self.pid)
         if not r.get("alive"): return r.get("ended") or {}
@@ -228,7 +249,8 @@ _zlock = threading.Lock()
 def shared_zygote(chroot: bool | None = None # as `Zygote`; `None` reads `OPENENV_SANDBOX_CHROOT` (unset: where allowed)
                  ) -> Zygote:
     "This process's fork server for `chroot`, started on first use and replaced when it has died."
-    if chroot is None and os.environ.get("OPENENV_SANDBOX_CHROOT"): chroot = _parse("OPENENV_SANDBOX_CHROOT", True, os.environ["OPENENV_SANDBOX_CHROOT"])
+    if chroot is None and os.environ.get("OPENENV_SANDBOX_CHROOT"):
+        chroot = _parse("OPENENV_SANDBOX_CHROOT", True, os.environ["OPENENV_SANDBOX_CHROOT"])
     with _zlock:
         z = _zygotes.get(chroot)
         if z is None or not z.alive:
