@@ -19,9 +19,8 @@ from fastcore.basics import patch
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #aa42c1e7
 DEFAULT_IMPORTS = ("collections", "datetime", "itertools", "math", "queue", "random", "re", "stat",
-                   "statistics", "time",
-                   "unicodedata", "json", "functools", "string", "heapq", "bisect", "fractions",
-                   "decimal", "copy", "textwrap", "cmath")
+                   "statistics", "time", "unicodedata", "json", "functools", "string", "heapq", "bisect",
+                   "fractions", "decimal", "copy", "textwrap", "cmath")
 EXECUTORS = ("smolagents", "exec")
 
 # %% ../../nbs/08_sandbox/01_config.ipynb #1bae3ea2
