@@ -9,13 +9,11 @@ __all__ = []
 
 # %% ../../nbs/08_sandbox/00_sandbox.ipynb #2e1350c3
 from .config import *
-from .linux import *
 from .interpreter import *
-from .forkserver import *
 from .zygote import *
 from .core import *
 
 # %% ../../nbs/08_sandbox/00_sandbox.ipynb #d0f4c226
-from . import config, linux, interpreter, forkserver, zygote, core
+from . import config, interpreter, zygote, core
 
-__all__ = [n for m in (config, linux, interpreter, forkserver, zygote, core) for n in m.__all__]
+__all__ = [n for m in (config, interpreter, zygote, core) for n in m.__all__]
