@@ -12,7 +12,6 @@ refuses them would: `python redteam.py as-nobody unshare,landlock_create_ruleset
 import json
 import os
 import sys
-import tempfile
 
 from openenv_nb.envs.coding import CodingEnvironment
 
@@ -153,25 +152,55 @@ def code(attack: str, targets: dict) -> str:
 
 # ---------------------------------------------------------------- a server as nobody
 
+def _closed_gate(path: str) -> str | None:
+    """The first directory on the way to `path` (itself left out) that other users may not enter, or `None`."""
+    cur = "/"
+    for part in path.strip("/").split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if not os.stat(cur).st_mode & 0o001: return cur
+    return None
+
+
+def open_to_all(paths) -> dict[str, list[str]]:
+    """In this process's mount namespace (made private first), make each of `paths` reachable by any uid at its own path.
+
+    A directory on the way that others may not enter (`/root`, mode 700) is covered by a small tmpfs of mode 755 that
+    holds only `paths` under it, each bound from its real place (through a descriptor opened before the cover). Paths
+    stay as they are, so a venv's `pyvenv.cfg`, its `.pth` files and `PYTHONPATH` work unchanged; nothing is written
+    anywhere, and nothing outside this process changes. Returns the covered directories and what each holds."""
+    from openenv_nb.sandbox.linux import CLONE_NEWNS, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, _libc, _ok, unshare
+    real = sorted({os.path.realpath(p) for p in paths if os.path.isabs(p) and os.path.exists(p)})
+    tops = [p for p in real if not any(p.startswith(q + "/") for q in real)]
+    gates: dict[str, list[str]] = {}
+    for p in tops:
+        if (g := _closed_gate(p)): gates.setdefault(g, []).append(p)
+    unshare(CLONE_NEWNS)
+    _ok(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    for gate, inside in gates.items():
+        fds = [os.open(p, os.O_PATH) for p in inside]  # before the cover hides them
+        _ok(_libc.mount(b"tmpfs", gate.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m"), f"cover {gate}")
+        for p, fd in zip(inside, fds):
+            if os.path.isdir(f"/proc/self/fd/{fd}"): os.makedirs(p, exist_ok=True)
+            else: os.makedirs(os.path.dirname(p), exist_ok=True); open(p, "a").close()
+            _ok(_libc.mount(f"/proc/self/fd/{fd}".encode(), p.encode(), None, MS_BIND | MS_REC, None), f"bind {p}")
+            os.close(fd)
+    return gates
+
+
 def as_nobody(deny: list[str], argv: list[str]):
     """Exec this Python, as `nobody`, with `argv`, and the syscalls `deny` refused (`EPERM`) to it and its children.
 
-    This Python may live where `nobody` cannot go (`/root/.pyenv`), so it is bound, in a mount namespace of this
-    process's own, at a path anyone may reach, and run from there, with its own `libpython` (the loader would take the
-    system's when it cannot follow the binary's `RPATH`): nothing outside this process changes."""
-    from openenv_nb.sandbox import CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_REC, _libc, _ok, drop_user, install_seccomp, unshare
-    prefix = os.path.realpath(sys.prefix)
-    view = os.path.join(tempfile.gettempdir(), "redteam-python")  # a mount point only: bound in this process's namespace
-    os.makedirs(view, exist_ok=True); os.chmod(view, 0o755)
-    unshare(CLONE_NEWNS)
-    _ok(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    _ok(_libc.mount(prefix.encode(), view.encode(), None, MS_BIND | MS_REC, None), f"bind {prefix}")
-    python = view + os.path.realpath(sys.executable).removeprefix(prefix)
-    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [view + "/lib", os.environ.get("LD_LIBRARY_PATH")]))  # its libpython, not the system's
+    This Python, its venv and the project may live where `nobody` cannot go (`/root/.pyenv`, a venv or a checkout
+    under `/root`): `open_to_all` makes them reachable, at their own paths, in a mount namespace of this process's
+    own: the interpreter's installation (`sys.base_prefix`: the binary and its `libpython`), the venv (`sys.prefix`)
+    and every entry of `sys.path` (the project's source, `PYTHONPATH`, what `.pth` files add)."""
+    from openenv_nb.sandbox.linux import drop_user, install_seccomp
+    open_to_all([sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+                 *sys.path, *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
     if deny: install_seccomp(denied=tuple(deny))
     drop_user(65534)
     os.chdir("/")
-    os.execve(python, [python, *argv], os.environ)
+    os.execve(sys.executable, [sys.executable, *argv], os.environ)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["as-nobody"]:

@@ -499,7 +499,7 @@ def test_default_sessions_follow_the_memory_cap():
 
 def test_a_lingering_worker_delays_no_other_session(monkeypatch):
     """A worker that hung up and lingers costs its own session a grace period, not another session's reset."""
-    monkeypatch.setattr(sandbox, "LOST_GRACE_S", 60.0)  # long, so that nothing here can race it
+    monkeypatch.setattr(sandbox.core, "LOST_GRACE_S", 60.0)  # long, so that nothing here can race it
     z = Zygote(chroot=False, pidns=False).start()
     try:
         lingering = Sandbox(SandboxConfig(executor="exec", timeout_s=60), zygote=z)

@@ -105,3 +105,8 @@ def test_module_map_arrows_point_down_the_layers(module_map):
 
 def test_module_map_layer_table_covers_every_module(module_map):
     assert not module_map["not in the table"], module_map["not in the table"]
+
+
+def test_module_map_parts_of_a_package_point_down(module_map):
+    assert not module_map["arrows up a package's parts"], module_map["arrows up a package's parts"]
+    assert not module_map["parts not listed"], module_map["parts not listed"]
