@@ -7,8 +7,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/client.html.md"""
 # %% auto #0
 __all__ = ['TOKEN_HEADER', 'ActT', 'ObsT', 'StateT', 'EXT_HEADER', 'WANTED', 'SESSION_ENDING', 'ws_url', 'http_url',
            'is_loopback', 'auth_headers', 'refused', 'model_args', 'adopt_types', 'run_sync', 'autosync', 'blocking',
-           'EnvClient', 'starting', 'EpisodeLost', 'reply_metadata', 'parse_reply', 'GenericEnvClient', 'SyncEnvClient',
-           'HTTPEnvClient']
+           'EnvClient', 'starting', 'EpisodeLost', 'reply_metadata', 'parse_reply', 'GenericEnvClient', 'sync_twin',
+           'SyncEnvClient', 'HTTPEnvClient']
 
 # %% ../nbs/03_client.ipynb #fdd158ec
 import asyncio
@@ -494,72 +494,54 @@ async def lease(cls: EnvClient, pool, # a started `ServerPool`, or anything with
         finally: await env.close()
     finally: pool.give(i)
 
+# %% ../nbs/03_client.ipynb #45e1979b
+def _forward(twin: type, # the twin class
+             async_cls: type, # the async class it mirrors
+             name: str, # the method of `async_cls` to forward
+             attr: str # the twin's attribute holding the async object
+            ):
+    "A blocking `name` for `twin`: it gives back the twin where the call gives back its own object, a twin of another."
+    meth = getattr(async_cls, name)
+    def f(self, *args, **kwargs):
+        obj = getattr(self, attr)
+        r = blocking(getattr(obj, name)(*args, **kwargs))
+        return self if r is obj else r.sync() if isinstance(r, async_cls) else r
+    sig = inspect.signature(meth)
+    if sig.return_annotation in (async_cls, async_cls.__name__): sig = sig.replace(return_annotation=twin)
+    f.__name__, f.__qualname__, f.__module__ = name, f"{twin.__name__}.{name}", twin.__module__
+    f.__doc__, f.__signature__ = meth.__doc__, sig
+    return f
+
+# %% ../nbs/03_client.ipynb #58586f59
+def sync_twin(async_cls: type, # the class whose twin is made
+              *names: str, # its methods the twin forwards, blocking
+              attr: str = "async_client" # the twin's attribute that holds the async object
+             ):
+    "Class decorator: the class becomes the blocking twin of `async_cls`, forwarding `names` and the rest as they are."
+    def make(cls):
+        def __init__(self, obj): setattr(self, attr, obj)
+        def __getattr__(self, name):
+            if name == attr: raise AttributeError(name)  # not set yet (a copy being made)
+            return getattr(getattr(self, attr), name)
+        def __repr__(self): return f"{type(self).__name__}({getattr(self, attr)!r})"
+        def __enter__(self): return self.connect()
+        def __exit__(self, *exc): self.close()
+        for f in (__init__, __getattr__, __repr__, __enter__, __exit__):
+            if f.__name__ not in vars(cls): setattr(cls, f.__name__, f)
+        for n in names: setattr(cls, n, _forward(cls, async_cls, n, attr))
+        return cls
+    return make
+
 # %% ../nbs/03_client.ipynb #a41ae60c
+@sync_twin(EnvClient, "connect", "reset", "step", "state", "new_session", "disconnect", "close")
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     "Blocking twin of an `EnvClient`: the same calls, blocking in async code too."
-    def __init__(self, client: EnvClient): self.async_client = client
-    def __getattr__(self, name): return getattr(self.async_client, name)
 
 # %% ../nbs/03_client.ipynb #12f2e645
 @patch
 def sync(self: EnvClient) -> SyncEnvClient:
     "A blocking twin of this client, for scripts and notebooks."
     return SyncEnvClient(self)
-
-# %% ../nbs/03_client.ipynb #20cd73e0
-@patch
-def __repr__(self: SyncEnvClient): return f"{type(self).__name__}({self.async_client!r})"
-
-# %% ../nbs/03_client.ipynb #67d08d40
-@patch
-def connect(self: SyncEnvClient) -> SyncEnvClient:
-    "Open the session; see `EnvClient.connect`."
-    blocking(self.async_client.connect())
-    return self
-
-# %% ../nbs/03_client.ipynb #c2a12cc4
-@patch
-def reset(self: SyncEnvClient, **kwargs) -> StepResult[ObsT]:
-    "Start a new episode; see `EnvClient.reset`."
-    return blocking(self.async_client.reset(**kwargs))
-
-# %% ../nbs/03_client.ipynb #73b13a68
-@patch
-def step(self: SyncEnvClient, action, **kwargs) -> StepResult[ObsT]:
-    "Apply `action`; see `EnvClient.step`."
-    return blocking(self.async_client.step(action, **kwargs))
-
-# %% ../nbs/03_client.ipynb #e77a00c9
-@patch
-def state(self: SyncEnvClient) -> StateT:
-    "The episode's state; see `EnvClient.state`."
-    return blocking(self.async_client.state())
-
-# %% ../nbs/03_client.ipynb #edd7f811
-@patch
-def new_session(self: SyncEnvClient) -> SyncEnvClient:
-    "Another session on the same server, blocking too; see `EnvClient.new_session`."
-    return blocking(self.async_client.new_session()).sync()
-
-# %% ../nbs/03_client.ipynb #e690dddc
-@patch
-def disconnect(self: SyncEnvClient):
-    "Close the session; the client can connect again."
-    blocking(self.async_client.disconnect())
-
-# %% ../nbs/03_client.ipynb #1870ecc2
-@patch
-def close(self: SyncEnvClient):
-    "Close the session and stop the provider's server, if the client started one."
-    blocking(self.async_client.close())
-
-# %% ../nbs/03_client.ipynb #a4ce6095
-@patch
-def __enter__(self: SyncEnvClient): return self.connect()
-
-# %% ../nbs/03_client.ipynb #e7aec3b6
-@patch
-def __exit__(self: SyncEnvClient, *exc): self.close()
 
 # %% ../nbs/03_client.ipynb #4a77f034
 class HTTPEnvClient(Generic[ActT, ObsT, StateT]):

@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from pydantic import ConfigDict, ValidationError
 
-from .client import EnvClient, SyncEnvClient, run_sync
+from .client import EnvClient, SyncEnvClient, sync_twin
 from .mcp import CallToolObservation, ListToolsObservation, Tool, ToolResult
 from .types import EnvServerError, Observation, StepResult, from_envelope
 
@@ -132,12 +132,9 @@ def _parse_result(self: MCPToolClient, payload: dict) -> StepResult:
     return tool_observation(payload, self.observation_type)
 
 # %% ../nbs/03a_mcp_client.ipynb #e98ba6c0
+@sync_twin(MCPToolClient, "list_tools", "call_tool", "get_tool", "has_tool")
 class SyncMCPToolClient(SyncEnvClient):
-    "Blocking twin of an `MCPToolClient`: the same calls, without `await`."
-    def list_tools(self, use_cache: bool = True) -> list[Tool]: return run_sync(self.async_client.list_tools(use_cache))
-    def call_tool(self, name: str, /, **arguments) -> Any: return run_sync(self.async_client.call_tool(name, **arguments))
-    def get_tool(self, name: str) -> Tool | None: return run_sync(self.async_client.get_tool(name))
-    def has_tool(self, name: str) -> bool: return run_sync(self.async_client.has_tool(name))
+    "Blocking twin of an `MCPToolClient`: the client's calls and the tool calls, without `await`."
 
 # %% ../nbs/03a_mcp_client.ipynb #18b253d8
 @patch

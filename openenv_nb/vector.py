@@ -19,7 +19,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from pydantic import TypeAdapter
-from .client import EnvClient, EpisodeLost, adopt_types, autosync, blocking, model_args, parse_reply, run_sync
+from .client import EnvClient, EpisodeLost, adopt_types, autosync, model_args, sync_twin
 from .providers import LocalProcessProvider
 from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
 
@@ -118,7 +118,6 @@ def urls(self: VectorEnv) -> list[str]:
 @patch
 def __len__(self: VectorEnv): return self.num_envs
 
-# %% ../nbs/09_vector.ipynb #5f1993b5
 @patch
 def __repr__(self: VectorEnv): return f"{type(self).__name__}({self.urls!r}, num_envs={self.num_envs})"
 
@@ -370,7 +369,6 @@ async def close(self: VectorEnv):
 @patch
 async def __aenter__(self: VectorEnv): return await self.connect()
 
-# %% ../nbs/09_vector.ipynb #23c003de
 @patch
 async def __aexit__(self: VectorEnv, *exc): await self.close()
 
@@ -453,62 +451,13 @@ async def rollout(self: VectorEnv, policy: Callable, # observations of the runni
     return Rollout(trajs, time.perf_counter() - t0, steps)
 
 # %% ../nbs/09_vector.ipynb #c9fbd32d
+@sync_twin(VectorEnv, "connect", "reset", "step", "states", "rollout", "close", attr="async_env")
 class SyncVectorEnv:
-    "Blocking twin of a `VectorEnv`: the same calls, without `await`."
-    def __init__(self, venv: VectorEnv): self.async_env = venv
-    def __getattr__(self, name): return getattr(self.async_env, name)
+    "Blocking twin of a `VectorEnv` (made by `sync_twin`, as `SyncEnvClient` is): the same calls, without `await`."
+    def __len__(self): return len(self.async_env)
 
 # %% ../nbs/09_vector.ipynb #8f5698d2
 @patch
 def sync(self: VectorEnv) -> SyncVectorEnv:
     "A blocking twin of this vector, for scripts and notebooks."
     return SyncVectorEnv(self)
-
-# %% ../nbs/09_vector.ipynb #af2fad58
-@patch
-def __len__(self: SyncVectorEnv): return len(self.async_env)
-
-# %% ../nbs/09_vector.ipynb #0092fd23
-@patch
-def connect(self: SyncVectorEnv) -> SyncVectorEnv:
-    "Connect; see `VectorEnv.connect`."
-    blocking(self.async_env.connect())
-    return self
-
-# %% ../nbs/09_vector.ipynb #49877604
-@patch
-def reset(self: SyncVectorEnv, seed=None, envs=None, **kwargs) -> VectorResult:
-    "Start new episodes; see `VectorEnv.reset`."
-    return blocking(self.async_env.reset(seed, envs, **kwargs))
-
-# %% ../nbs/09_vector.ipynb #a6f42c3e
-@patch
-def step(self: SyncVectorEnv, actions, envs=None) -> VectorResult:
-    "Step the environments; see `VectorEnv.step`."
-    return blocking(self.async_env.step(actions, envs))
-
-# %% ../nbs/09_vector.ipynb #551d0dbc
-@patch
-def states(self: SyncVectorEnv, envs=None) -> list:
-    "The state of each environment; see `VectorEnv.states`."
-    return blocking(self.async_env.states(envs))
-
-# %% ../nbs/09_vector.ipynb #9c4a85e6
-@patch
-def rollout(self: SyncVectorEnv, policy, max_steps: int, seed=None) -> Rollout:
-    "Run `policy` on every environment; see `VectorEnv.rollout`."
-    return blocking(self.async_env.rollout(policy, max_steps, seed))
-
-# %% ../nbs/09_vector.ipynb #15a0f5e7
-@patch
-def close(self: SyncVectorEnv):
-    "Close the connections and stop the providers' servers; see `VectorEnv.close`."
-    blocking(self.async_env.close())
-
-# %% ../nbs/09_vector.ipynb #2d92e5e0
-@patch
-def __enter__(self: SyncVectorEnv): return self.connect()
-
-# %% ../nbs/09_vector.ipynb #0ddc1de8
-@patch
-def __exit__(self: SyncVectorEnv, *exc): self.close()
