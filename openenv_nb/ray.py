@@ -6,24 +6,22 @@ Docs: https://openenv-nb.github.io/openenv-nb/ray.html.md"""
 
 # %% auto #0
 __all__ = ['NODE_ID_LABEL', 'need_ray', 'url_for', 'ThreadServer', 'make_server', 'node_address', 'ServerHost', 'actor_options',
-           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor', 'health_of']
+           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor']
 
 # %% ../nbs/13_ray.ipynb #2a75f96b
 import contextlib
-import json
 import os
 import re
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fastcore.basics import patch, store_attr
 
-from .providers import DockerProvider, LocalProcessProvider, Provider, ProviderError, healthy
+from .providers import DockerProvider, LocalProcessProvider, Provider, ProviderError, health_of, healthy
 from .server import serve_in_thread
 from .targets import TargetError, make_app
 
@@ -311,17 +309,6 @@ def host_actor():
     if _actor_class is None: _actor_class = need_ray().remote(ServerHost)
     return _actor_class
 
-# %% ../nbs/13_ray.ipynb #4959793e
-def health_of(url: str, # a server's base URL
-              timeout: float = 2.0 # limit on the request
-             ) -> dict | None:
-    "The JSON that `url/health` answers, or `None` if it does not answer 200."
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url.rstrip("/") + "/health", timeout=timeout) as r:
-            return json.loads(r.read()) if r.status == 200 else None
-    except (OSError, ValueError): return None
-
 # %% ../nbs/13_ray.ipynb #2c244b53
 @patch
 def health(self: RayProvider) -> list[dict]:
@@ -329,8 +316,8 @@ def health(self: RayProvider) -> list[dict]:
     servers = list(self.servers)
     with ThreadPoolExecutor(max(1, min(32, len(servers)))) as ex:
         said = list(ex.map(lambda s: health_of(s.url, self.health_timeout_s), servers))
-    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts, "healthy": h is not None, **(h or {})}
-            for s, h in zip(servers, said)]
+    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts,
+             "healthy": h is not None, **(h or {})} for s, h in zip(servers, said)]
 
 # %% ../nbs/13_ray.ipynb #e1cf30bc
 @patch

@@ -9,7 +9,6 @@ __all__ = ['ObsT', 'ActT', 'StateT', 'VectorResult', 'VectorEnv', 'spread', 'Tra
 
 # %% ../nbs/09_vector.ipynb #34dc404f
 import asyncio
-import functools
 import inspect
 import os
 import time
@@ -18,10 +17,9 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from fastcore.basics import patch
 from fastcore.meta import delegates
-from pydantic import TypeAdapter
 from .client import EnvClient, EpisodeLost, adopt_types, autosync, model_args, sync_twin
 from .providers import LocalProcessProvider
-from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
+from .types import EnvConnectionError, EnvServerError, OpenEnvError, State, list_adapter
 
 # %% ../nbs/09_vector.ipynb #779de17b
 class _Link(EnvClient):
@@ -236,12 +234,6 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
     await (runs[0] if len(runs) == 1 else asyncio.gather(*runs))  # one server: no task to schedule
     return out
 
-# %% ../nbs/09_vector.ipynb #5b53bd41
-@functools.lru_cache(maxsize=64)
-def _many(cls: type) -> TypeAdapter:
-    "A validator (and dumper) of lists of `cls`, made once per class."
-    return TypeAdapter(list[cls])
-
 # %% ../nbs/09_vector.ipynb #1e5d0b49
 @patch
 def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an error)
@@ -250,7 +242,8 @@ def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an err
     if self.observation_type is None: return obs
     at = [n for n, o in enumerate(obs) if o is not None]
     out = [None] * len(obs)
-    for n, o in zip(at, _many(self.observation_type).validate_python([{**obs[n], "reward": rewards[n], "done": dones[n]} for n in at])): out[n] = o
+    for n, o in zip(at, list_adapter(self.observation_type).validate_python(
+            [{**obs[n], "reward": rewards[n], "done": dones[n]} for n in at])): out[n] = o
     return out
 
 # %% ../nbs/09_vector.ipynb #52a755ca
@@ -319,7 +312,7 @@ def _payloads(self: VectorEnv, actions: Sequence, # one action per environment
     cls, kinds = self.action_type, {type(a) for a in actions}
     if kinds <= {dict} and cls is None: out = list(actions)  # nothing to check, nothing to convert
     elif kinds <= {dict, cls} and cls is not None:
-        out = _many(cls).dump_python(_many(cls).validate_python(list(actions)), mode="json")
+        out = list_adapter(cls).dump_python(list_adapter(cls).validate_python(list(actions)), mode="json")
         for d in out:
             if not d.get("metadata", True): del d["metadata"]
     else: out = [self._step_payload(a) for a in actions]
