@@ -281,7 +281,6 @@ async def close(self: EnvClient):
 @patch
 async def __aenter__(self: EnvClient): return await self.connect()
 
-# %% ../nbs/03_client.ipynb #af341f58
 @patch
 async def __aexit__(self: EnvClient, *exc): await self.close()
 
@@ -289,7 +288,6 @@ async def __aexit__(self: EnvClient, *exc): await self.close()
 @patch
 def __enter__(self: EnvClient): return blocking(self.connect())
 
-# %% ../nbs/03_client.ipynb #4f200904
 @patch
 def __exit__(self: EnvClient, *exc): blocking(self.close())
 
@@ -670,6 +668,5 @@ def close(self: HTTPEnvClient):
 @patch
 def __enter__(self: HTTPEnvClient): return self
 
-# %% ../nbs/03_client.ipynb #4179e08a
 @patch
 def __exit__(self: HTTPEnvClient, *exc): self.close()

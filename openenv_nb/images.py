@@ -331,18 +331,18 @@ def default_tag(path: str | Path # a project folder, or a key of `IMAGES`
     name = str(path) if is_builtin(path) else Path(path).resolve().name
     return "openenv-" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "env") + ":latest"
 
+# %% ../nbs/10_images.ipynb #524ea03b
+def _chunk_lines(c: dict) -> list[str]:
+    "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
+    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
+    return [l for l in text.rstrip("\n").splitlines() if l.strip()]
+
 # %% ../nbs/10_images.ipynb #4dd3e01e
 class ImageBuildError(RuntimeError):
     "An image could not be built; the message is the engine's, `log` the last lines of the build."
     def __init__(self, message: str, log: list[str] = ()):
         super().__init__(message)
         self.log = list(log)
-
-# %% ../nbs/10_images.ipynb #524ea03b
-def _chunk_lines(c: dict) -> list[str]:
-    "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
-    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
-    return [l for l in text.rstrip("\n").splitlines() if l.strip()]
 
 # %% ../nbs/10_images.ipynb #0a032709
 def follow_build(chunks, # the engine's decoded build stream

@@ -442,7 +442,6 @@ def urls(self: ServerPool) -> list[str]:
 @patch
 def __len__(self: ServerPool): return len(self.providers)
 
-# %% ../nbs/04_providers.ipynb #cdc4cbbe
 @patch
 def __repr__(self: ServerPool): return f"ServerPool({len(self)} servers, urls={self.urls!r})"
 
@@ -522,7 +521,6 @@ def stop(self: ServerPool):
 @patch
 def __enter__(self: ServerPool): self.start(); return self
 
-# %% ../nbs/04_providers.ipynb #5d684587
 @patch
 def __exit__(self: ServerPool, *exc): self.stop()
 
@@ -530,6 +528,5 @@ def __exit__(self: ServerPool, *exc): self.stop()
 @patch
 async def __aenter__(self: ServerPool): await asyncio.to_thread(self.start); return self
 
-# %% ../nbs/04_providers.ipynb #21edfc08
 @patch
 async def __aexit__(self: ServerPool, *exc): await asyncio.to_thread(self.stop)
