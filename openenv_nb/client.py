@@ -159,7 +159,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                  headers: dict | None = None, # more headers for the handshake
                  token: str | None = None, # the server's bearer token; `None` reads `OPENENV_TOKEN`; `""` none
                 ):
-        if base_url is None and provider is None: raise ValueError("EnvClient needs a base_url or a provider")
+        if base_url is None and provider is None:
+            raise ValueError("EnvClient needs a base_url or a provider")
         self.base_url, self._provider, self.headers = base_url, provider, auth_headers(headers, token)
         self._connect_timeout, self._message_timeout = connect_timeout_s, message_timeout_s
         self._max_size = int(max_message_size_mb * 1024 * 1024)
@@ -196,7 +197,8 @@ async def _open(self: EnvClient, url: str) -> ClientConnection:
     end = loop.time() + self._connect_timeout
     while True:
         try: return await ws_connect(url, open_timeout=max(end - loop.time(), 0.01), max_size=self._max_size, compression=None,
-                                     additional_headers={EXT_HEADER: ", ".join(self.wanted), **self.headers},
+                                     additional_headers={EXT_HEADER: ", ".join(self.wanted),
+                                                         **self.headers},
                                      proxy=None if is_loopback(url) else True, logger=_ws_log)
         except (OSError, InvalidHandshake) as e:
             if not starting(e) or loop.time() + delay >= end: raise
@@ -248,7 +250,8 @@ async def _stop_provider(self: EnvClient):
 @autosync
 async def disconnect(self: EnvClient):
     "Close the session (the server closes its environment); the client can connect again."
-    if (home := self._elsewhere()) is not None: return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.disconnect(), home))
+    if (home := self._elsewhere()) is not None:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.disconnect(), home))
     ws, self._ws = self._ws, None
     if ws is None: return
     if self._lock.locked():  # a call awaits its reply: no orderly close is possible, so cut the connection (the call raises)
@@ -323,7 +326,8 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
     if "request-id" in self.extensions: self._seq += 1; rid = msg["id"] = self._seq
     try:
         try: await self._ws.send(dumps(msg).decode())
-        except ConnectionClosed: pass  # closed already: a frame sent before the close is still read below
+        except ConnectionClosed:
+            pass  # closed already: a frame sent before the close is still read below
         async with asyncio.timeout(self._message_timeout): return await self._receive(rid)
     except ConnectionClosed as e: raise self._dropped(e, kind) from None
     except TimeoutError:
@@ -337,11 +341,13 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
 @patch
 async def _request(self: EnvClient, msg: dict) -> dict:
     "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`, a lost episode as `EpisodeLost`."
-    if (home := self._elsewhere()) is not None: return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._request(msg), home))
+    if (home := self._elsewhere()) is not None:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._request(msg), home))
     kind = msg["type"]
     async with self._lock:
         if fresh := self._ws is None:
-            if self._lost and kind != "reset": raise EpisodeLost(f"The session with {self.url} was lost ({self._lost}); reset() starts a new one")
+            if self._lost and kind != "reset":
+                raise EpisodeLost(f"The session with {self.url} was lost ({self._lost}); reset() starts a new one")
             await self.connect()
         try: reply = await self._exchange(msg)
         except EpisodeLost:
@@ -360,7 +366,8 @@ def reply_metadata(payload: dict # a reset or step reply
                   ) -> dict:
     "The observation's metadata in a reply, wherever the server put it: in `observation`, at the top level, or both."
     obs = payload.get("observation")
-    return {**((obs.get("metadata") or {}) if isinstance(obs, dict) else {}), **(payload.get("metadata") or {})}
+    return {**((obs.get("metadata") or {}) if isinstance(obs, dict) else {}),
+            **(payload.get("metadata") or {})}
 
 # %% ../nbs/03_client.ipynb #1d5e0ecf
 def parse_reply(payload: dict, # a reset or step reply
@@ -377,7 +384,8 @@ def parse_reply(payload: dict, # a reset or step reply
 @patch
 def _step_payload(self: EnvClient, action) -> dict:
     "The wire form of `action`: its fields, checked against the action class when known."
-    if isinstance(action, dict) and self.action_type is not None: action = self.action_type.model_validate(action)
+    if isinstance(action, dict) and self.action_type is not None:
+        action = self.action_type.model_validate(action)
     if isinstance(action, BaseModel):
         d = action.model_dump(mode="json")
         if not d.get("metadata", True): del d["metadata"]
@@ -409,7 +417,8 @@ async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
 @autosync
 async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
     "Apply `action` (an instance of the action class, or a dict of its fields)."
-    return self._parse_result(await self._request({"type": "step", "data": self._step_payload(action)}))
+    return self._parse_result(await self._request({"type": "step",
+                                                   "data": self._step_payload(action)}))
 
 # %% ../nbs/03_client.ipynb #4852e583
 @patch
@@ -442,9 +451,11 @@ def from_local(cls: EnvClient, target: str | None = None, # `"echo"`, `"module:f
                **kwargs):
     "A client whose server runs locally, in a subprocess started on `connect`; a `token` given is the server's too."
     target = target or cls.default_target
-    if target is None: raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo' or 'my_pkg.env:MyEnv'")
+    if target is None:
+        raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo' or 'my_pkg.env:MyEnv'")
     env_vars = None if kwargs.get("token") is None else {"OPENENV_TOKEN": kwargs["token"]}
-    return cls(provider=LocalProcessProvider(target, max_sessions=max_sessions, env_vars=env_vars), **kwargs)
+    return cls(provider=LocalProcessProvider(target, max_sessions=max_sessions, env_vars=env_vars),
+               **kwargs)
 
 # %% ../nbs/03_client.ipynb #492c216b
 @patch(cls_method=True)
@@ -455,7 +466,8 @@ def from_docker_image(cls: EnvClient, image: str, # an image built with `openenv
     "A client whose server runs in a Docker container of `image`, started on `connect` (or `await`) and removed on `close`."
     names = set(inspect.signature(DockerProvider).parameters) - {"image", "run_kwargs"}
     provider = DockerProvider(image, **{k: kwargs.pop(k) for k in list(kwargs) if k in names})
-    if kwargs.get("token") is not None: provider.env_vars.setdefault("OPENENV_TOKEN", kwargs["token"])
+    if kwargs.get("token") is not None:
+        provider.env_vars.setdefault("OPENENV_TOKEN", kwargs["token"])
     return cls(provider=provider, **kwargs)
 
 # %% ../nbs/03_client.ipynb #f5e63145
@@ -495,7 +507,8 @@ def _forward(twin: type, # the twin class
         r = blocking(getattr(obj, name)(*args, **kwargs))
         return self if r is obj else r.sync() if isinstance(r, async_cls) else r
     sig = inspect.signature(meth)
-    if sig.return_annotation in (async_cls, async_cls.__name__): sig = sig.replace(return_annotation=twin)
+    if sig.return_annotation in (async_cls, async_cls.__name__):
+        sig = sig.replace(return_annotation=twin)
     f.__name__, f.__qualname__, f.__module__ = name, f"{twin.__name__}.{name}", twin.__module__
     f.__doc__, f.__signature__ = meth.__doc__, sig
     return f
@@ -556,15 +569,20 @@ def _call(self: HTTPEnvClient, method: str, path: str, body=None) -> Any:
     "One HTTP request; errors name the URL and what the server said."
     url = self.base_url + path
     try: r = self.session.request(method, url, json=body, timeout=self.timeout_s)
-    except requests.Timeout: raise EnvTimeoutError(f"No reply from {url} within {self.timeout_s:g} s") from None
-    except requests.ConnectionError as e: raise EnvConnectionError(f"Could not reach {url}: {e}") from e
+    except requests.Timeout:
+        raise EnvTimeoutError(f"No reply from {url} within {self.timeout_s:g} s") from None
+    except requests.ConnectionError as e:
+        raise EnvConnectionError(f"Could not reach {url}: {e}") from e
     if r.status_code < 400: return r.json()
     try: detail = r.json().get("detail")
     except ValueError: detail = r.text
-    if r.status_code == 422: raise EnvServerError("VALIDATION_ERROR", f"{method} {path} was rejected: {detail}", {"errors": detail}, url)
+    if r.status_code == 422:
+        raise EnvServerError("VALIDATION_ERROR", f"{method} {path} was rejected: {detail}",
+                             {"errors": detail}, url)
     code = detail.get("code", f"HTTP_{r.status_code}") if isinstance(detail, dict) else f"HTTP_{r.status_code}"
     msg = detail.get("message", detail) if isinstance(detail, dict) else detail
-    raise EnvServerError(code, f"{method} {path} failed with {r.status_code}: {msg}", {"detail": detail}, url)
+    raise EnvServerError(code, f"{method} {path} failed with {r.status_code}: {msg}",
+                         {"detail": detail}, url)
 
 # %% ../nbs/03_client.ipynb #796b6a0e
 HTTPEnvClient._step_payload, HTTPEnvClient._parse_state = EnvClient._step_payload, EnvClient._parse_state
@@ -580,7 +598,8 @@ def reset(self: HTTPEnvClient, **kwargs) -> StepResult:
 @patch
 def step(self: HTTPEnvClient, action, **kwargs) -> StepResult:
     "Step a fresh environment with `action` (`timeout_s=` and other keys go in the body)."
-    return self._parse_result(self._call("POST", "/step", {"action": self._step_payload(action), **kwargs}))
+    return self._parse_result(self._call("POST", "/step",
+                                         {"action": self._step_payload(action), **kwargs}))
 
 # %% ../nbs/03_client.ipynb #28cbe228
 @patch

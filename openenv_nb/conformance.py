@@ -98,10 +98,13 @@ def _verdict(report: dict) -> str:
 def format_report(report: dict) -> str:
     "A report as text for a terminal."
     head = f"openenv validate {report['target']}" + (f" --level {report['level']}" if report.get("level") else "")
-    if report.get("environment"): head += f"  (project {report['environment']})" if report.get("standard_profile") == "openenv-nb-project" else f"  (environment {report['environment']})"
-    elif report.get("standard_profile"): head += f"  ({report['standard_profile']}, {report.get('mode', 'unknown')} mode)"
+    if report.get("environment"):
+        head += f"  (project {report['environment']})" if report.get("standard_profile") == "openenv-nb-project" else f"  (environment {report['environment']})"
+    elif report.get("standard_profile"):
+        head += f"  ({report['standard_profile']}, {report.get('mode', 'unknown')} mode)"
     width = max([len(c["id"]) for c in report["criteria"]] + [10])
-    return "\n".join([head, *(l for c in report["criteria"] for l in _lines(c, width)), _verdict(report)])
+    return "\n".join([head, *(l for c in report["criteria"] for l in _lines(c, width)),
+                      _verdict(report)])
 
 # %% ../nbs/14a_conformance.ipynb #41b53d27
 LEVELS = ("static", "runtime", "semantic")  # each level's checks include those of the levels before it
@@ -109,7 +112,8 @@ LEVELS = ("static", "runtime", "semantic")  # each level's checks include those 
 # %% ../nbs/14a_conformance.ipynb #e260a0f6
 def report_of(criteria: list[dict], **fields) -> dict:
     "A report: `fields` (target, kind, level...), then the verdict, the counts and the criteria."
-    return fields | {"passed": all(c["passed"] for c in criteria if c["required"]), "summary": summary(criteria), "criteria": criteria}
+    return fields | {"passed": all(c["passed"] for c in criteria if c["required"]),
+                     "summary": summary(criteria), "criteria": criteria}
 
 # %% ../nbs/14a_conformance.ipynb #3fd82aad
 def _refs(x: Any) -> Iterator[str]:
@@ -127,7 +131,8 @@ def _resolves(doc: dict, ref: str) -> bool:
     node = doc
     for part in filter(None, ref[1:].split("/")):
         part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node): node = node[int(part)]
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
         elif isinstance(node, dict) and part in node: node = node[part]
         else: return False
     return True
@@ -140,7 +145,8 @@ def schema_problems(s: Any # a JSON schema
     out = [f"$ref {r!r} points nowhere" for r in _refs(s) if not _resolves(s, r)]
     if jsonschema is None or isinstance(s, bool): return out
     meta = jsonschema.validators.validator_for(s, default=jsonschema.Draft202012Validator)
-    errors = sorted(meta(meta.META_SCHEMA).iter_errors(s), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(meta(meta.META_SCHEMA).iter_errors(s),
+                    key=lambda e: list(map(str, e.absolute_path)))
     return out + [f"{'/'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors]
 
 # %% ../nbs/14a_conformance.ipynb #777a3544
@@ -168,7 +174,9 @@ def _schemas_criterion(schema: Any, # what `/schema` answered
                       ) -> dict:
     "`json_schemas`: the action, observation and state schemas, and every tool's input schema, are valid JSON Schema."
     d = "/schema and each tool's inputSchema are valid JSON Schema"
-    if not isinstance(schema, dict): return criterion("json_schemas", d, False, details=why or f"/schema is not an object: {_j(schema)}")
+    if not isinstance(schema, dict):
+        return criterion("json_schemas", d, False,
+                         details=why or f"/schema is not an object: {_j(schema)}")
     found = [f"{k}: {p}" for k in ("action", "observation", "state") for p in schema_problems(schema.get(k))]
     found += [f"tool {t.get('name')!r}: {p}" for t in tools for p in schema_problems(t.get("inputSchema", {}))]
     note = None if jsonschema else "only $refs checked: install jsonschema to check against the meta-schema"
@@ -181,9 +189,12 @@ def _tools_criterion(reply: Any, # what `tools/list` answered
     "`reserved_tool_names`: no tool is named `reset`, `step`, `state` or `close`."
     d = "No tool takes a reserved name (reset, step, state, close)"
     tools = listed_tools(reply)
-    if tools is None: return criterion("reserved_tool_names", d, True, details=f"no tools listed ({why or _short(reply)})")
+    if tools is None:
+        return criterion("reserved_tool_names", d, True,
+                         details=f"no tools listed ({why or _short(reply)})")
     bad = sorted({t.get("name") for t in tools if isinstance(t, dict)} & RESERVED_TOOL_NAMES)
-    return criterion("reserved_tool_names", d, not bad, details=f"reserved: {', '.join(bad)}" if bad else f"none reserved among the {len(tools)} listed" if tools else "no tools")
+    return criterion("reserved_tool_names", d, not bad,
+                     details=f"reserved: {', '.join(bad)}" if bad else f"none reserved among the {len(tools)} listed" if tools else "no tools")
 
 # %% ../nbs/14a_conformance.ipynb #dc5529bf
 TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}  # MCP's request for the tools
@@ -201,7 +212,8 @@ def env_tools(factory: Callable # makes the environment: its class, or a zero-ar
              ) -> tuple[Any, str | None]:
     "What `tools/list` answers for an environment that `factory` makes, asked through `mcp.rpc` in this process: `(reply, why not)`."
     try: env = factory()
-    except Exception as e: return None, f"the environment could not be made: {type(e).__name__}: {e}"
+    except Exception as e:
+        return None, f"the environment could not be made: {type(e).__name__}: {e}"
     try: return run_sync(rpc(env, TOOLS_LIST)), None
     finally:
         with contextlib.suppress(Exception): env.close()
@@ -213,7 +225,8 @@ def _tool_problems(t: Any # one tool, as `tools/list` lists it
     if not isinstance(t, dict): return [f"a tool is not an object: {_j(t)}"]
     name, s = t.get("name"), t.get("inputSchema")
     out = [] if isinstance(name, str) and name else [f"a tool has no name: {_short(t)}"]
-    if not (isinstance(s, dict) and s.get("type") == "object"): out.append(f"tool {name!r}: inputSchema is not an object schema: {_j(s)}")
+    if not (isinstance(s, dict) and s.get("type") == "object"):
+        out.append(f"tool {name!r}: inputSchema is not an object schema: {_j(s)}")
     return out
 
 # %% ../nbs/14a_conformance.ipynb #635fda8b
@@ -221,8 +234,10 @@ def tools_list_problems(reply: Any # what `tools/list` answered: a JSON-RPC resp
                        ) -> list[str]:
     "Why `reply` is not a usable list of tools (empty when it is): an error, no list, no tools, or a tool badly listed."
     if not isinstance(reply, dict): return [f"not a JSON-RPC response: {_j(reply)}"]
-    if isinstance(err := reply.get("error"), dict): return [f"tools/list answered error {err.get('code')}: {_short(err.get('message'))}"]
-    if (tools := listed_tools(reply)) is None: return [f"no list of tools in the result: {_j(reply.get('result'))}"]
+    if isinstance(err := reply.get("error"), dict):
+        return [f"tools/list answered error {err.get('code')}: {_short(err.get('message'))}"]
+    if (tools := listed_tools(reply)) is None:
+        return [f"no list of tools in the result: {_j(reply.get('result'))}"]
     if not tools: return ["no tools listed: an agent has nothing to call"]
     names = [t.get("name") for t in tools if isinstance(t, dict)]
     return [p for t in tools for p in _tool_problems(t)] + [f"tool {n!r} is listed {names.count(n)} times" for n in dict.fromkeys(names) if names.count(n) > 1]
@@ -245,7 +260,8 @@ def app_criteria(app # the ASGI app that serves the environment
     hub = getattr(getattr(app, "state", None), "hub", None)
     tools = hub is not None and is_tool_env(hub.factory, hub.action_cls)
     reply, why_t = env_tools(hub.factory) if tools else _ask_app(app, "POST", "/mcp", json=TOOLS_LIST)
-    out = [_schemas_criterion(schema, why, listed_tools(reply) or []), _tools_criterion(reply, why_t)]
+    out = [_schemas_criterion(schema, why, listed_tools(reply) or []),
+           _tools_criterion(reply, why_t)]
     return out + ([_tools_list_criterion(reply, why_t)] if tools or listed_tools(reply) else [])
 
 # %% ../nbs/14a_conformance.ipynb #039e99c8
@@ -253,7 +269,8 @@ def _fetch(s: requests.Session, method: str, url: str, timeout: float, **kw) -> 
     "`(status, JSON body or None, error)` of one request; a server at capacity is asked again for a few seconds."
     for wait in [0.05] * 100 + [None]:  # a session that just ended frees its slot a moment after its socket closes
         try: r = s.request(method, url, timeout=timeout, **kw)
-        except requests.RequestException as e: return None, None, f"Request failed: {type(e).__name__}: {e}"
+        except requests.RequestException as e:
+            return None, None, f"Request failed: {type(e).__name__}: {e}"
         if r.status_code != 503 or wait is None: break
         time.sleep(wait)
     try: return r.status_code, r.json(), None
@@ -264,7 +281,8 @@ def _check(id: str, description: str, status, body, error, ok: bool, expected: d
     "A criterion from one fetched answer."
     if error: return criterion(id, description, False, details=error, expected=expected)
     if body is None and not ok: actual = {**actual, "body": "not JSON"}
-    return criterion(id, description, ok, expected=expected, actual={"status_code": status, **actual})
+    return criterion(id, description, ok, expected=expected,
+                     actual={"status_code": status, **actual})
 
 # %% ../nbs/14a_conformance.ipynb #7739a46b
 def _openapi(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
@@ -320,7 +338,8 @@ def _mode_criterion(seen: dict) -> dict:
     has = {p: p in seen["paths"] for p in ("/reset", "/step", "/state")}
     seen["mode"] = "simulation" if has["/reset"] else "production"
     want = all(has.values()) if has["/reset"] else not any(has.values())
-    return criterion("mode_endpoint_consistency", d, want, expected={p: has["/reset"] for p in has}, actual=has)
+    return criterion("mode_endpoint_consistency", d, want, expected={p: has["/reset"] for p in has},
+                     actual=has)
 
 # %% ../nbs/14a_conformance.ipynb #9f9a556d
 def http_criteria(s: requests.Session, # the session to ask with
@@ -335,7 +354,8 @@ def http_criteria(s: requests.Session, # the session to ask with
 # %% ../nbs/14a_conformance.ipynb #c7a50fbe
 def _deref(s: dict, defs: dict) -> dict:
     "`s` with its `$ref` to `defs` followed."
-    while isinstance(s, dict) and "$ref" in s: s = {**defs.get(s["$ref"].split("/")[-1], {}), **{k: v for k, v in s.items() if k != "$ref"}}
+    while isinstance(s, dict) and "$ref" in s:
+        s = {**defs.get(s["$ref"].split("/")[-1], {}), **{k: v for k, v in s.items() if k != "$ref"}}
     return s
 
 # %% ../nbs/14a_conformance.ipynb #e3ebe7cf
@@ -352,11 +372,13 @@ def _of_type(s: dict, defs: dict) -> Any:
     "The smallest value of the type `s` names, within its bounds."
     t = s.get("type", "object")
     if isinstance(t, list): t = next((x for x in t if x != "null"), "null")
-    if t == "string": return ("hello" * (1 + s.get("minLength", 0) // 5))[: max(s.get("maxLength", 5), s.get("minLength", 0))]
+    if t == "string":
+        return ("hello" * (1 + s.get("minLength", 0) // 5))[: max(s.get("maxLength", 5), s.get("minLength", 0))]
     if t in ("integer", "number"): return _number(s, t == "integer")
     if t == "boolean": return False
     if t == "null": return None
-    if t == "array": return [example_from_schema(s.get("items", {}), defs) for _ in range(s.get("minItems", 0))]
+    if t == "array":
+        return [example_from_schema(s.get("items", {}), defs) for _ in range(s.get("minItems", 0))]
     props = s.get("properties", {})
     return {k: example_from_schema(props.get(k, {}), defs) for k in s.get("required", [])}
 
@@ -374,7 +396,8 @@ def example_from_schema(s: dict, # a JSON schema
     for k in ("anyOf", "oneOf", "allOf"):
         if s.get(k):
             opts = [_deref(o, defs) for o in s[k]]
-            return example_from_schema(next((o for o in opts if o.get("type") != "null"), opts[0]), defs)
+            return example_from_schema(next((o for o in opts if o.get("type") != "null"), opts[0]),
+                                       defs)
     return _of_type(s, defs)
 
 # %% ../nbs/14a_conformance.ipynb #e1baaf1c
@@ -383,7 +406,8 @@ def _read(ws, timeout: float) -> tuple[dict | None, str | None]:
     try: frame = json.loads(ws.recv(timeout=timeout))
     except TimeoutError: return None, f"no answer within {timeout:g} s"
     except Exception as e: return None, f"{type(e).__name__}: {e}"
-    return (frame, None) if isinstance(frame, dict) else (None, f"the answer is not a JSON object: {_short(frame)}")
+    return (frame, None) if isinstance(frame, dict) else (None,
+                                                          f"the answer is not a JSON object: {_short(frame)}")
 
 # %% ../nbs/14a_conformance.ipynb #27b62655
 def _ws_call(ws, msg: dict, timeout: float) -> tuple[dict | None, str | None]:
@@ -396,8 +420,10 @@ def _ws_call(ws, msg: dict, timeout: float) -> tuple[dict | None, str | None]:
 def _got(frame: dict | None, want: str, err: str | None) -> str | None:
     "Why `frame` is not a `want` frame; `None` when it is."
     if err: return err
-    if frame.get("type") == "error": return f"the server answered an error: {_short(frame.get('data'))}"
-    if frame.get("type") != want: return f"expected a {want!r} frame, got type {frame.get('type')!r}"
+    if frame.get("type") == "error":
+        return f"the server answered an error: {_short(frame.get('data'))}"
+    if frame.get("type") != want:
+        return f"expected a {want!r} frame, got type {frame.get('type')!r}"
     return None
 
 # %% ../nbs/14a_conformance.ipynb #a4036004
@@ -416,12 +442,15 @@ def _ws_reset(ws, timeout: float, envelopes: list) -> dict:
 # %% ../nbs/14a_conformance.ipynb #c1740c13
 def _ws_step(ws, schema: dict | None, timeout: float, envelopes: list) -> dict:
     "`ws_step`: a step with an action built from `/schema` is answered with an observation (kept in `envelopes`)."
-    if schema is None: return criterion("ws_step", WS_CHECKS["ws_step"], False, details="not tried: /schema gave no action schema to build an action from")
+    if schema is None:
+        return criterion("ws_step", WS_CHECKS["ws_step"], False,
+                         details="not tried: /schema gave no action schema to build an action from")
     action = example_from_schema(schema["action"])
     frame, err = _ws_call(ws, {"type": "step", "data": action}, timeout)
     why = _got(frame, "observation", err)
     if not why: envelopes.append(("ws step", frame.get("data")))
-    return criterion("ws_step", WS_CHECKS["ws_step"], not why, details=why and f"{why} (the action sent: {_short(action)})")
+    return criterion("ws_step", WS_CHECKS["ws_step"], not why,
+                     details=why and f"{why} (the action sent: {_short(action)})")
 
 # %% ../nbs/14a_conformance.ipynb #4450e8fd
 def _ws_state(ws, timeout: float, stepped: bool) -> dict:
@@ -430,7 +459,8 @@ def _ws_state(ws, timeout: float, stepped: bool) -> dict:
     why, data = _got(frame, "state", err), (frame or {}).get("data")
     if not why and not (isinstance(data, dict) and "episode_id" in data and isinstance(data.get("step_count"), int)):
         why = f"the state lacks episode_id or an integer step_count: {_short(data)}"
-    elif not why and stepped and data["step_count"] != 1: why = f"step_count is {data['step_count']} after one step"
+    elif not why and stepped and data["step_count"] != 1:
+        why = f"step_count is {data['step_count']} after one step"
     return criterion("ws_state", WS_CHECKS["ws_state"], not why, details=why)
 
 # %% ../nbs/14a_conformance.ipynb #aca661d0
@@ -474,9 +504,12 @@ def envelope_problems(env: Any, # an envelope as received
     obs, reward = env.get("observation"), env.get("reward", ...)
     if not isinstance(obs, dict): out.append(f"observation is not an object: {_j(obs)}")
     if reward is ... : out.append("no reward")
-    elif reward is not None and not isinstance(reward, (int, float)): out.append(f"reward is not a number or null: {_j(reward)}")
-    if not isinstance(env.get("done"), bool): out.append(f"done is not a boolean: {_j(env.get('done'))}")
-    if env.get("metadata") is not None and not isinstance(env["metadata"], dict): out.append("metadata is not an object or null")
+    elif reward is not None and not isinstance(reward, (int, float)):
+        out.append(f"reward is not a number or null: {_j(reward)}")
+    if not isinstance(env.get("done"), bool):
+        out.append(f"done is not a boolean: {_j(env.get('done'))}")
+    if env.get("metadata") is not None and not isinstance(env["metadata"], dict):
+        out.append("metadata is not an object or null")
     return out + (_obs_problems(obs, obs_schema) if isinstance(obs, dict) else [])
 
 # %% ../nbs/14a_conformance.ipynb #0f915e4e
@@ -494,7 +527,8 @@ def _shape_criterion(envelopes: list[tuple[str, Any]], # the envelopes received,
 def _wire_tools(s: requests.Session, base: str, timeout: float) -> tuple[Any, str | None]:
     "`(reply, None)` of `tools/list` sent to `POST /mcp` at `base`, or `(None, why not)`."
     st, b, err = _fetch(s, "POST", f"{base}/mcp", timeout, json=TOOLS_LIST)
-    if err or st != 200 or not isinstance(b, dict): return None, err or f"POST /mcp answered {st}" + ("" if isinstance(b, dict) else " with no JSON object")
+    if err or st != 200 or not isinstance(b, dict):
+        return None, err or f"POST /mcp answered {st}" + ("" if isinstance(b, dict) else " with no JSON object")
     return b, None
 
 # %% ../nbs/14a_conformance.ipynb #dc89e85b
@@ -555,11 +589,14 @@ def validate_url(url: str, # the server's base URL; `http://` is assumed when no
                  **declared, # `reward_range=`, `max_return=`: what the server's environment declares, when `env` is not given
                 ) -> dict:
     "The report on the server at `url`: the runtime checks (those of its tools for a tool environment), and at level `semantic` the semantic ones."
-    if level not in LEVELS[1:]: raise ValueError(f"a server is checked at level runtime or semantic, not {level!r}: static checks read a project or an environment's code")
+    if level not in LEVELS[1:]:
+        raise ValueError(f"a server is checked at level runtime or semantic, not {level!r}: static checks read a project or an environment's code")
     base = http_url(url if "://" in url else f"http://{url}").rstrip("/")
     heads = auth_headers(headers, token)
     criteria, seen = runtime_criteria(base, timeout, True if is_tool_env(env) else None, heads)
-    if level == "semantic": criteria += semantic_criteria(base, seen.get("schema"), declarations(env, **declared), timeout, headers=heads)
+    if level == "semantic":
+        criteria += semantic_criteria(base, seen.get("schema"), declarations(env, **declared),
+                                      timeout, headers=heads)
     v = seen["version"]
     return report_of(criteria, target=base, validation_type="running_environment", level=level, standard_version=v,
                    standard_profile="openenv-http/1.x" if v.startswith("1.") else "openenv-http/unknown", mode=seen["mode"])
@@ -600,7 +637,8 @@ def sample_from_schema(s: dict, # a JSON schema
         opts = [o for o in opts if _deref(o, defs).get("type") != "null"] or opts
         return sample_from_schema(rng.choice(opts) if rng else opts[0], rng, defs)
     t = s.get("type", "object")
-    return _draw(next((x for x in t if x != "null"), "null") if isinstance(t, list) else t, s, rng, defs)
+    return _draw(next((x for x in t if x != "null"), "null") if isinstance(t, list) else t, s, rng,
+                 defs)
 
 # %% ../nbs/14a_conformance.ipynb #bb248983
 def _draw(t: str, s: dict, rng: random.Random | None, defs: dict) -> Any:
@@ -608,7 +646,8 @@ def _draw(t: str, s: dict, rng: random.Random | None, defs: dict) -> Any:
     if t == "array":
         n = s.get("minItems", 0) + (rng.randint(0, 3) if rng else 0)
         return [sample_from_schema(s.get("items", {}), rng, defs) for _ in range(min(n, s.get("maxItems", n)))]
-    if t == "object": return {k: sample_from_schema(s.get("properties", {}).get(k, {}), rng, defs) for k in s.get("required", [])}
+    if t == "object":
+        return {k: sample_from_schema(s.get("properties", {}).get(k, {}), rng, defs) for k in s.get("required", [])}
     return _draw_scalar(t, s, rng)
 
 # %% ../nbs/14a_conformance.ipynb #17c7e3fb
@@ -633,7 +672,8 @@ def play(ws, # an open connection to `/ws`
         ) -> dict:
     "One episode: the reset's and each step's answer frame, the actions answered, or the `error` that cut it short."
     ep = {"seed": seed, "actions": [], "frames": [], "error": None}
-    for msg in [{"type": "reset", "data": {"seed": seed}}, *({"type": "step", "data": a} for a in actions)]:
+    for msg in [{"type": "reset", "data": {"seed": seed}},
+                *({"type": "step", "data": a} for a in actions)]:
         if not _live(ep): break
         _record(ep, msg, *_ws_call(ws, msg, timeout))
     return ep
@@ -683,7 +723,9 @@ def _once(self, seed: int, actions: list) -> dict:
     "One episode on a new connection; a connection refused is the episode's `error`."
     try:
         with self.connect() as ws: return play(ws, seed, actions, self.timeout)
-    except Exception as e: return {"seed": seed, "actions": [], "frames": [], "error": f"connect: {type(e).__name__}: {e}"}
+    except Exception as e:
+        return {"seed": seed, "actions": [], "frames": [],
+                "error": f"connect: {type(e).__name__}: {e}"}
 
 # %% ../nbs/14a_conformance.ipynb #6f7b21f8
 @patch_to(Player)
@@ -746,7 +788,8 @@ def _played(frame: Any) -> Any:
     "A frame as the episode played it: without `metadata` (beside the observation, and inside it since 0.10)."
     if not isinstance(frame, dict) or not isinstance(data := frame.get("data"), dict): return frame
     data = {k: v for k, v in data.items() if k != "metadata"}
-    if isinstance(obs := data.get("observation"), dict): data["observation"] = {k: v for k, v in obs.items() if k != "metadata"}
+    if isinstance(obs := data.get("observation"), dict):
+        data["observation"] = {k: v for k, v in obs.items() if k != "metadata"}
     return frame | {"data": data}
 
 # %% ../nbs/14a_conformance.ipynb #bd6b1c69
@@ -764,7 +807,8 @@ def _determinism(p: Player, seed: int) -> dict:
     a, b = [p.episode(seed, acts, policy="random") for _ in range(2)]
     why = a["error"] or b["error"] or _differ(a, b)
     ok = f"{len(a['frames'])} answers alike, twice (seed {seed})"
-    return criterion("episode_determinism", SEMANTIC["episode_determinism"], why is None, details=why or ok)
+    return criterion("episode_determinism", SEMANTIC["episode_determinism"], why is None,
+                     details=why or ok)
 
 # %% ../nbs/14a_conformance.ipynb #850e0fc5
 def _rewards(p: Player) -> list:
@@ -778,23 +822,29 @@ def _reward_range(p: Player, declared: dict) -> dict:
     (lo, hi), rs = declared["reward_range"], _rewards(p)
     bad = [r for r in rs if not isinstance(r, (int, float)) or not math.isfinite(r) or not lo <= r <= hi]
     span = f"[{lo:g}, {hi:g}]"
-    if bad: return criterion("reward_range", SEMANTIC["reward_range"], False, details=f"{len(bad)} of {len(rs)} rewards outside {span}: {_short(bad[:5])}")
-    return criterion("reward_range", SEMANTIC["reward_range"], True, details=f"{len(rs)} rewards, from {min(rs, default=0):g} to {max(rs, default=0):g}, inside {span}")
+    if bad:
+        return criterion("reward_range", SEMANTIC["reward_range"], False,
+                         details=f"{len(bad)} of {len(rs)} rewards outside {span}: {_short(bad[:5])}")
+    return criterion("reward_range", SEMANTIC["reward_range"], True,
+                     details=f"{len(rs)} rewards, from {min(rs, default=0):g} to {max(rs, default=0):g}, inside {span}")
 
 # %% ../nbs/14a_conformance.ipynb #93061557
 def _floor_play(p: Player, seeds: Iterable[int]) -> list[dict]:
     "On each seed, an episode of the do-nothing player and two of the random one."
-    return [p.episode(s, p.actions(pol, 1000 * s + k), policy=pol) for s in seeds for pol, k in (("do-nothing", 0), ("random", 1), ("random", 2))]
+    return [p.episode(s, p.actions(pol, 1000 * s + k), policy=pol) for s in seeds for pol,
+            k in (("do-nothing", 0), ("random", 1), ("random", 2))]
 
 # %% ../nbs/14a_conformance.ipynb #5480c6c5
 def _floor_gap(eps: list[dict], declared: dict) -> dict:
     "`floor_gap`: the do-nothing and the random player each score below `max_return`, on average over `eps`."
     top, name = declared["max_return"], "floor_gap"
     if top is None: return skipped(name, SEMANTIC[name], "the environment declares no max_return")
-    if err := next((f"seed {e['seed']}: {e['error']}" for e in eps if e["error"]), None): return criterion(name, SEMANTIC[name], False, details=err)
+    if err := next((f"seed {e['seed']}: {e['error']}" for e in eps if e["error"]), None):
+        return criterion(name, SEMANTIC[name], False, details=err)
     means = {pol: statistics.fmean(episode_return(e) for e in eps if e["policy"] == pol) for pol in ("do-nothing", "random")}
     said = "; ".join(f"{k} player: mean return {m:g}" for k, m in means.items())
-    return criterion(name, SEMANTIC[name], all(m < top - 1e-9 for m in means.values()), details=f"{said} (max_return {top:g})")
+    return criterion(name, SEMANTIC[name], all(m < top - 1e-9 for m in means.values()),
+                     details=f"{said} (max_return {top:g})")
 
 # %% ../nbs/14a_conformance.ipynb #d79343e0
 def _says(declared: dict, seeds: Iterable[int]) -> tuple[dict, str | None]:
@@ -812,12 +862,15 @@ def _not_declared(declared: dict, what: str) -> str:
 def _oracle(p: Player, declared: dict, says: dict, why: str | None) -> dict:
     "`oracle_max`: the declared reference solution, played on each seed, scores `max_return`."
     name, top, sols = "oracle_max", declared["max_return"], {s: sol for s, (sol, _) in says.items() if sol is not None}
-    if why or (sols and top is None): return criterion(name, SEMANTIC[name], False, details=why or "a reference_solution is declared, but no max_return for it to reach")
+    if why or (sols and top is None):
+        return criterion(name, SEMANTIC[name], False,
+                         details=why or "a reference_solution is declared, but no max_return for it to reach")
     if not sols: return skipped(name, SEMANTIC[name], _not_declared(declared, "reference_solution"))
     eps = [p.episode(s, sol, policy="reference") for s, sol in sols.items()]
     short = [f"seed {e['seed']}: " + (e["error"] or f"return {episode_return(e):g}, {len(e['actions']) - len(_answers(e))} actions refused")
              for e in eps if e["error"] or episode_return(e) < top - 1e-6]
-    return criterion(name, SEMANTIC[name], not short, details="; ".join(short) or f"return {top:g} on seeds {', '.join(map(str, sols))}")
+    return criterion(name, SEMANTIC[name], not short,
+                     details="; ".join(short) or f"return {top:g} on seeds {', '.join(map(str, sols))}")
 
 # %% ../nbs/14a_conformance.ipynb #cadafddc
 def _mentions(x: Any, answer: str) -> bool:
@@ -850,7 +903,8 @@ def _round(wss: list, # open connections
            timeout: float) -> dict[int, tuple[dict | None, str | None]]:
     "Send every message, then read every answer: `{index: (frame, error)}`."
     for i, m in msgs.items():
-        with contextlib.suppress(Exception): wss[i].send(json.dumps(m))  # a closed connection says why when read
+        with contextlib.suppress(Exception):
+            wss[i].send(json.dumps(m))  # a closed connection says why when read
     return {i: _read(wss[i], timeout) for i in msgs}
 
 # %% ../nbs/14a_conformance.ipynb #9a74da48
@@ -863,7 +917,8 @@ def _together(p: Player, seeds: list[int], acts: list[list]) -> list[dict]:
             msgs = {i: {"type": "reset", "data": {"seed": s}} if k < 0 else {"type": "step", "data": acts[i][k]}
                     for i, s in enumerate(seeds) if _live(eps[i]) and k < len(acts[i])}
             for i, answer in _round(wss, msgs, p.timeout).items(): _record(eps[i], msgs[i], *answer)
-        for i, (frame, _) in _round(wss, {i: {"type": "state"} for i, e in enumerate(eps) if not e["error"]}, p.timeout).items():
+        for i, (frame, _) in _round(wss,
+                                    {i: {"type": "state"} for i, e in enumerate(eps) if not e["error"]}, p.timeout).items():
             eps[i]["state"] = (frame or {}).get("data")
     return eps
 
@@ -874,17 +929,21 @@ def _isolation(p: Player, n: int = 8, steps: int = 8) -> dict:
     acts, full = [p.actions("random", s)[:steps] for s in seeds], None
     for wait in [0.05] * 40 + [None]:  # the sessions of the episodes just played are freed soon after they end
         try: eps = _together(p, seeds, acts)
-        except Exception as e: return criterion(name, SEMANTIC[name], False, details=f"could not open {n} sessions: {type(e).__name__}: {e}")
+        except Exception as e:
+            return criterion(name, SEMANTIC[name], False,
+                             details=f"could not open {n} sessions: {type(e).__name__}: {e}")
         full = next((e["error"] for e in eps if "CAPACITY_REACHED" in (e["error"] or "")), None)
         if full is None or wait is None: break
         time.sleep(wait)
     p.episodes += eps
     if full:
-        return skipped(name, SEMANTIC[name], f"the server holds fewer than {n} sessions at once ({_short(full, 200)})")
+        return skipped(name, SEMANTIC[name],
+                       f"the server holds fewer than {n} sessions at once ({_short(full, 200)})")
     alone = [p.episode(e["seed"], e["actions"], policy="alone") for e in eps]
     why = [w for e, a in zip(eps, alone) if (w := e["error"] or a["error"] or _differ(e, a))]
     why += [f"seed {e['seed']}: state {_short(e.get('state'))} after {len(e['actions'])} steps" for e in eps if (e.get("state") or {}).get("step_count") != len(e["actions"])]
-    return criterion(name, SEMANTIC[name], not why, details="; ".join(why[:3]) or f"{n} sessions, {sum(len(e['actions']) for e in eps)} steps, each as alone")
+    return criterion(name, SEMANTIC[name], not why,
+                     details="; ".join(why[:3]) or f"{n} sessions, {sum(len(e['actions']) for e in eps)} steps, each as alone")
 
 # %% ../nbs/14a_conformance.ipynb #edc3a2cb
 def semantic_criteria(base: str, # the server's base URL
@@ -896,11 +955,14 @@ def semantic_criteria(base: str, # the server's base URL
                       headers: dict | None = None, # sent with each handshake
                      ) -> list[dict]:
     "The six semantic checks of the server at `base`, in the order of `SEMANTIC`."
-    if not isinstance((schema or {}).get("action"), dict): return [criterion(k, d, False, details="not played: /schema gave no action schema") for k, d in SEMANTIC.items()]
+    if not isinstance((schema or {}).get("action"), dict):
+        return [criterion(k, d, False, details="not played: /schema gave no action schema") for k,
+                d in SEMANTIC.items()]
     p, (says, why) = Player(base, schema["action"], timeout, steps, headers), _says(declared, seeds)
     out = {"episode_determinism": _determinism(p, seeds[0])}
     floor = _floor_play(p, seeds) if declared["max_return"] is not None or any(a for _, a in says.values()) else []
-    out |= {"floor_gap": _floor_gap(floor, declared), "oracle_max": _oracle(p, declared, says, why), "no_solution_leakage": _leakage(floor, declared, says, why)}
+    out |= {"floor_gap": _floor_gap(floor, declared), "oracle_max": _oracle(p, declared, says, why),
+            "no_solution_leakage": _leakage(floor, declared, says, why)}
     out["episode_isolation"] = _isolation(p) if out["episode_determinism"]["passed"] else skipped("episode_isolation", SEMANTIC["episode_isolation"], "episodes do not replay (episode_determinism), so sessions cannot be compared")
     out["reward_range"] = _reward_range(p, declared)
     return [out[k] for k in SEMANTIC]

@@ -23,7 +23,8 @@ from .types import EnvServerError, Observation, StepResult, from_envelope
 def tool_from(d: dict # a tool as `tools/list` (`inputSchema`) or a step (`input_schema`) spells it
              ) -> Tool:
     "A listed tool as a `Tool`."
-    return Tool(name=d.get("name", ""), description=d.get("description") or "", input_schema=d.get("input_schema", d.get("inputSchema")) or {})
+    return Tool(name=d.get("name", ""), description=d.get("description") or "",
+                input_schema=d.get("input_schema", d.get("inputSchema")) or {})
 
 # %% ../nbs/03a_mcp_client.ipynb #71644b50
 def tool_value(result # a `tools/call` result, or a `CallToolObservation.result`
@@ -56,9 +57,12 @@ def tool_observation(payload: dict, # an envelope: `{observation, reward, done, 
                     ) -> StepResult:
     "A step's envelope read as a tool environment's observation: a tool list, a tool call, or another kind."
     obs = payload.get("observation") or {}
-    rest = dict(reward=payload.get("reward"), done=bool(payload.get("done", False)), metadata=payload.get("metadata") or obs.get("metadata") or {})
+    rest = dict(reward=payload.get("reward"), done=bool(payload.get("done", False)),
+                metadata=payload.get("metadata") or obs.get("metadata") or {})
     if "tools" in obs: o = ListToolsObservation(tools=[tool_from(t) for t in obs["tools"]], **rest)
-    elif "tool_name" in obs: o = CallToolObservation(tool_name=obs["tool_name"], result=_as_result(obs.get("result")), error=obs.get("error"), **rest)
+    elif "tool_name" in obs:
+        o = CallToolObservation(tool_name=obs["tool_name"], result=_as_result(obs.get("result")),
+                                error=obs.get("error"), **rest)
     elif obs_cls is not None: return from_envelope(payload, obs_cls)
     else: o = GenericMCPObservation(**{k: v for k, v in obs.items() if k != "metadata"}, **rest)
     return StepResult(observation=o, reward=rest["reward"], done=rest["done"])
@@ -76,7 +80,8 @@ class MCPToolClient(EnvClient):
                         /, **arguments) -> Any: # its arguments, by name
         "Call a tool and return its value; `MCPError` (a `RuntimeError`) when it fails."
         try: r = await self.jsonrpc("tools/call", {"name": name, "arguments": arguments})
-        except MCPError as e: raise MCPError(e.code, f"Tool {name!r} failed: {e.message}", e.rpc_data, self.url) from None
+        except MCPError as e:
+            raise MCPError(e.code, f"Tool {name!r} failed: {e.message}", e.rpc_data, self.url) from None
         if isinstance(r, dict) and (r.get("isError") or r.get("is_error")):
             raise MCPError(-32603, f"Tool {name!r} failed: {tool_value(r)}", r, self.url)
         return tool_value(r)
@@ -98,8 +103,10 @@ async def jsonrpc(self: MCPToolClient, method: str, # e.g. `"tools/list"`
                  ) -> Any:
     "Send one JSON-RPC request in an `mcp` message of the session; its `result`, or `MCPError`."
     self._rpc_id += 1
-    reply = await self._request({"type": "mcp", "data": {"jsonrpc": "2.0", "id": self._rpc_id, "method": method, "params": params or {}}})
-    if (err := reply.get("error")) is not None: raise MCPError(err.get("code", -32603), err.get("message", ""), err.get("data"), self.url)
+    reply = await self._request({"type": "mcp",
+                                 "data": {"jsonrpc": "2.0", "id": self._rpc_id, "method": method, "params": params or {}}})
+    if (err := reply.get("error")) is not None:
+        raise MCPError(err.get("code", -32603), err.get("message", ""), err.get("data"), self.url)
     return reply.get("result")
 
 # %% ../nbs/03a_mcp_client.ipynb #67e81a96

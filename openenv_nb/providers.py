@@ -94,7 +94,8 @@ _spawner = ThreadPoolExecutor(1, thread_name_prefix="openenv-spawn")
 def spawn(*args, **kwargs) -> subprocess.Popen:
     "`subprocess.Popen(*args, **kwargs)`, run in the process's long-lived spawning thread."
     try: return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
-    except RuntimeError: return subprocess.Popen(*args, **kwargs)  # the interpreter is shutting down
+    except RuntimeError:
+        return subprocess.Popen(*args, **kwargs)  # the interpreter is shutting down
 
 # %% ../nbs/04_providers.ipynb #cabed249
 class LocalProcessProvider(Provider):
@@ -144,7 +145,8 @@ def _wait_ready(self: LocalProcessProvider) -> str:
         if self.proc.poll() is not None:
             raise ProviderError(f"Server for {self.target!r} exited with code {self.proc.returncode} before it was "
                                 f"ready. Last log lines:\n{self.log_tail()}")
-        if url is None and (m := _ANNOUNCE.search(self.log_path.read_text(errors="replace"))): url = m.group(1)
+        if url is None and (m := _ANNOUNCE.search(self.log_path.read_text(errors="replace"))):
+            url = m.group(1)
         if url is not None and healthy(url, timeout=0.5): return url
         time.sleep(0.02)
     raise ProviderError(f"Server for {self.target!r} was not healthy within {self.startup_timeout_s:g} s. "
@@ -159,7 +161,8 @@ def start(self: LocalProcessProvider) -> str:
     self.log_path = Path(log)
     env = {**os.environ, **self.env_vars, "PYTHONUNBUFFERED": "1", PARENT_VAR: str(os.getpid())}
     with os.fdopen(fd, "wb") as out:
-        self.proc = spawn(self.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
+        self.proc = spawn(self.command(), stdin=subprocess.DEVNULL, stdout=out,
+                          stderr=subprocess.STDOUT, env=env, process_group=0)
     _live.add(self)
     try: self.base_url = self._wait_ready()
     except BaseException:
@@ -195,9 +198,11 @@ def docker_client():
     with _docker_lock:
         if _docker is None:
             try: import docker
-            except ImportError: raise ImportError("Docker support needs the docker SDK: pip install 'openenv-nb[docker]'") from None
+            except ImportError:
+                raise ImportError("Docker support needs the docker SDK: pip install 'openenv-nb[docker]'") from None
             try: _docker = docker.from_env(max_pool_size=64)
-            except docker.errors.DockerException as e: raise ProviderError(f"No Docker engine answers here: {e}") from None
+            except docker.errors.DockerException as e:
+                raise ProviderError(f"No Docker engine answers here: {e}") from None
     return _docker
 
 # %% ../nbs/04_providers.ipynb #b1f249d2
@@ -250,7 +255,8 @@ _bridgeless: dict = {}
 def host_network(client # the docker SDK's client
                 ) -> bool:
     "Whether containers (and builds) must use the host's network: the engine has no `bridge` network."
-    if id(client) not in _bridgeless: _bridgeless[id(client)] = not client.networks.list(names=["bridge"])
+    if id(client) not in _bridgeless:
+        _bridgeless[id(client)] = not client.networks.list(names=["bridge"])
     return _bridgeless[id(client)]
 
 # %% ../nbs/04_providers.ipynb #58b94aef
@@ -317,12 +323,16 @@ def _create(self: DockerProvider, client, host_net: bool):
            "MAX_SESSIONS": str(self.max_sessions), **self.env_vars}
     kw = dict(environment=env, labels={LABEL: "1", OWNER_LABEL: owner_id(), "openenv-nb.image": self.image, **self.labels})
     if host_net: kw["network_mode"] = "host"
-    else: kw.update(ports={"8000/tcp": ("127.0.0.1", self.port_wanted)}, **({"network": self.network} if self.network else {}))
+    else:
+        kw.update(ports={"8000/tcp": ("127.0.0.1", self.port_wanted)},
+                  **({"network": self.network} if self.network else {}))
     if self.cpus: kw["nano_cpus"] = int(self.cpus * 1e9)
     if self.mem_limit: kw["mem_limit"] = self.mem_limit
     try: return client.containers.create(self.image, self.command, **kw, **self.run_kwargs)
-    except docker.errors.ImageNotFound: why = f"No image {self.image!r} on this Docker engine: build it first (`openenv build`)"
-    except docker.errors.APIError as e: why = f"Docker refused to create a container of {self.image!r}: {e.explanation or e}"
+    except docker.errors.ImageNotFound:
+        why = f"No image {self.image!r} on this Docker engine: build it first (`openenv build`)"
+    except docker.errors.APIError as e:
+        why = f"Docker refused to create a container of {self.image!r}: {e.explanation or e}"
     _given.discard(self.port)
     raise ProviderError(why)
 
@@ -341,7 +351,8 @@ def _wait_ready(self: DockerProvider, c) -> str:
                 why = " (killed: out of memory)" if st.get("OOMKilled") else ""
                 raise ProviderError(f"Container {c.name} of {self.image!r} exited with code {st.get('ExitCode')}{why} before it was ready")
             check = now + 0.25
-        if now > deadline: raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within {self.startup_timeout_s:g} s")
+        if now > deadline:
+            raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within {self.startup_timeout_s:g} s")
         time.sleep(0.02)
 
 # %% ../nbs/04_providers.ipynb #d39a1c77
@@ -352,7 +363,8 @@ def _run(self: DockerProvider, host_net: bool) -> str:
     c = self.container
     try:
         try: c.start()
-        except docker.errors.APIError as e: raise ProviderError(f"Docker could not start {self.image!r}: {e.explanation or e}") from None
+        except docker.errors.APIError as e:
+            raise ProviderError(f"Docker could not start {self.image!r}: {e.explanation or e}") from None
         if not host_net:
             c.reload()
             self.port = int(c.ports["8000/tcp"][0]["HostPort"])
@@ -449,7 +461,8 @@ def __repr__(self: ServerPool): return f"ServerPool({len(self)} servers, urls={s
 @patch
 def start(self: ServerPool) -> list[str]:
     "Start every server at once; their URLs. If any fails, stop them all and raise its error."
-    with ThreadPoolExecutor(max(1, len(self))) as ex: errors = [f.exception() for f in [ex.submit(p.start) for p in self.providers]]
+    with ThreadPoolExecutor(max(1, len(self))) as ex:
+        errors = [f.exception() for f in [ex.submit(p.start) for p in self.providers]]
     failed = [e for e in errors if e is not None]
     if failed:
         self.stop()
@@ -469,7 +482,8 @@ def restart(self: ServerPool, i: int # which server
 @patch
 def next_url(self: ServerPool) -> str:
     "The base URL of the next server, in turn."
-    if not self.started: raise ProviderError("The pool is not started: `with pool:` or `pool.start()` first")
+    if not self.started:
+        raise ProviderError("The pool is not started: `with pool:` or `pool.start()` first")
     with self._lock: i, self._next = self._next % len(self), self._next + 1
     return self.urls[i]
 
@@ -477,7 +491,8 @@ def next_url(self: ServerPool) -> str:
 @patch
 async def take(self: ServerPool) -> int:
     "The index of a free server, which the caller holds until it `give`s it back; waits for one."
-    if not self.started: raise ProviderError("The pool is not started: `async with pool:` or `pool.start()` first")
+    if not self.started:
+        raise ProviderError("The pool is not started: `async with pool:` or `pool.start()` first")
     with self._lock:
         if self._free: return self._free.popleft()
         fut = asyncio.get_running_loop().create_future()
@@ -514,8 +529,10 @@ def stop(self: ServerPool):
     with self._lock:
         self.started, waiters, self._waiters, self._free = False, self._waiters, deque(), deque()
     for fut in waiters:
-        if not fut.done(): fut.get_loop().call_soon_threadsafe(_fail, fut, ProviderError("The pool was stopped"))
-    with ThreadPoolExecutor(max(1, len(self))) as ex: list(ex.map(lambda p: p.stop(), self.providers))
+        if not fut.done():
+            fut.get_loop().call_soon_threadsafe(_fail, fut, ProviderError("The pool was stopped"))
+    with ThreadPoolExecutor(max(1, len(self))) as ex:
+        list(ex.map(lambda p: p.stop(), self.providers))
 
 # %% ../nbs/04_providers.ipynb #54dbcffd
 @patch

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 class Action(BaseModel):
     "What an agent sends to `Environment.step`; unknown fields are an error."
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form data that rides along with the action")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="Free-form data that rides along with the action")
 
 # %% ../nbs/00_types.ipynb #aef8a8ab
 class Observation(BaseModel):
@@ -35,7 +36,8 @@ class Observation(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
     done: bool = Field(default=False, description="Whether the episode has ended")
     reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Extra data for the client (sent in the observation, and copied to the reply's top level when not empty)")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="Extra data for the client (sent in the observation, and copied to the reply's top level when not empty)")
 
 # %% ../nbs/00_types.ipynb #929ed7fa
 class State(BaseModel):
@@ -58,17 +60,23 @@ class EnvironmentMetadata(BaseModel):
 # %% ../nbs/00_types.ipynb #19a388ed
 class ResetRequest(BaseModel):
     "Body of a reset: an optional seed and episode id, plus environment-specific keys."
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"seed": 42, "episode_id": "episode-001"}, {}]})
-    seed: int | None = Field(default=None, ge=0, description="Random seed for a reproducible episode")
-    episode_id: str | None = Field(default=None, max_length=255, description="Id to give the new episode")
+    model_config = ConfigDict(extra="allow",
+                              json_schema_extra={"examples": [{"seed": 42, "episode_id": "episode-001"}, {}]})
+    seed: int | None = Field(default=None, ge=0,
+                             description="Random seed for a reproducible episode")
+    episode_id: str | None = Field(default=None, max_length=255,
+                                   description="Id to give the new episode")
 
 # %% ../nbs/00_types.ipynb #956061bc
 class StepRequest(BaseModel):
     "Body of an HTTP step: the action's fields, an optional timeout, plus environment-specific keys."
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"action": {"message": "hi"}, "timeout_s": 30.0}]})
+    model_config = ConfigDict(extra="allow",
+                              json_schema_extra={"examples": [{"action": {"message": "hi"}, "timeout_s": 30.0}]})
     action: dict[str, Any] = Field(description="The action, as the environment's action schema describes it")
-    timeout_s: float | None = Field(default=None, gt=0, description="Time limit for the step, in seconds")
-    request_id: str | None = Field(default=None, max_length=255, description="An id for tracing the request")
+    timeout_s: float | None = Field(default=None, gt=0,
+                                    description="Time limit for the step, in seconds")
+    request_id: str | None = Field(default=None, max_length=255,
+                                   description="An id for tracing the request")
 
 # %% ../nbs/00_types.ipynb #4adf7b83
 _LIFTED = {"reward", "done"}
@@ -89,7 +97,8 @@ class Envelope(BaseModel):
     observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` included")
     reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
     done: bool = Field(default=False, description="Whether the episode has ended")
-    metadata: dict[str, Any] | None = Field(default=None, description="A copy of `observation.metadata`, when that is not empty (as OpenEnv 0.10 sends it)")
+    metadata: dict[str, Any] | None = Field(default=None,
+                                            description="A copy of `observation.metadata`, when that is not empty (as OpenEnv 0.10 sends it)")
 
 # %% ../nbs/00_types.ipynb #9e417b3e
 ObsT = TypeVar("ObsT")
@@ -109,7 +118,8 @@ def from_envelope(env: dict, # an envelope as received
     "Parse an envelope into a `StepResult`, typed with `obs_cls` when given."
     obs, reward, done = env.get("observation") or {}, env.get("reward"), bool(env.get("done", False))
     if obs_cls is not None:
-        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or obs.get("metadata") or {}})
+        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done,
+                                      "metadata": env.get("metadata") or obs.get("metadata") or {}})
     return StepResult(observation=obs, reward=reward, done=done)
 
 # %% ../nbs/00_types.ipynb #25e1eaec
@@ -205,7 +215,8 @@ def dumps(obj: Any # what to write: dicts, lists, strings, numbers, `None`
          ) -> bytes:
     "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson when it can, else by `json`."
     try: return orjson.dumps(obj)
-    except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except orjson.JSONEncodeError:
+        return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 # %% ../nbs/00_types.ipynb #e7c9b900
 @functools.lru_cache(maxsize=64)
@@ -229,5 +240,6 @@ def redact(text: str # a log message, say
 class Redact(logging.Filter):
     "A logging filter that blanks the tokens in each record's message (see `redact`)."
     def filter(self, record: logging.LogRecord) -> bool:
-        if (clean := redact(text := record.getMessage())) != text: record.msg, record.args = clean, None
+        if (clean := redact(text := record.getMessage())) != text:
+            record.msg, record.args = clean, None
         return True

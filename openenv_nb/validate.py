@@ -24,16 +24,19 @@ def _app_criteria(m: Manifest) -> tuple[list[dict], Any]:
     d = "`app` imports and names an Environment class, a factory, or an ASGI app"
     try: obj = m.load("app")
     except ManifestError as e: return [criterion("app_importable", d, False, details=str(e))], None
-    out = [criterion("app_importable", d, callable(obj), details=None if callable(obj) else f"{m.app} is a {type(obj).__name__}")]
+    out = [criterion("app_importable", d, callable(obj),
+                     details=None if callable(obj) else f"{m.app} is a {type(obj).__name__}")]
     try: app, why = app_for(obj, m), None
     except Exception as e: app, why = None, f"{type(e).__name__}: {e}"
-    return out + [criterion("app_builds", "the server app is made from `app` (as `openenv serve` makes it)", app is not None, details=why)], app
+    return out + [criterion("app_builds",
+                            "the server app is made from `app` (as `openenv serve` makes it)", app is not None, details=why)], app
 
 # %% ../nbs/14_validate.ipynb #e13025d5
 def _class_criterion(m: Manifest, field: str, base: type, used: type | None) -> dict:
     "`action_class` or `observation_class`: the manifest's `field` names a `base` subclass, the one the environment uses."
     desc, cid = f"`{field}` names the {base.__name__} class the environment uses", f"{field}_class"
-    if getattr(m, field) is None: return criterion(cid, desc, True, details="not set: the environment's own is used")
+    if getattr(m, field) is None:
+        return criterion(cid, desc, True, details="not set: the environment's own is used")
     try: cls = m.load(field)
     except ManifestError as e: return criterion(cid, desc, False, details=str(e))
     why = (f"{getattr(m, field)} is not a subclass of {base.__name__}" if not (isinstance(cls, type) and issubclass(cls, base))
@@ -45,7 +48,8 @@ def _import_criteria(m: Manifest) -> tuple[list[dict], Any]:
     "What the manifest names: the app (made into a server, as `openenv serve` makes it), the action and observation classes; the app."
     out, app = _app_criteria(m)
     hub = getattr(getattr(app, "state", None), "hub", None)
-    return out + [_class_criterion(m, f, base, getattr(hub, f"{f}_cls", None)) for f, base in (("action", Action), ("observation", Observation))], app
+    return out + [_class_criterion(m, f, base, getattr(hub, f"{f}_cls", None)) for f,
+                  base in (("action", Action), ("observation", Observation))], app
 
 # %% ../nbs/14_validate.ipynb #f1b5a24d
 def _file_criteria(root: Path) -> list[dict]:
@@ -76,14 +80,18 @@ def served_criteria(app: Any, # the app, made but not yet served; `None` when it
                     timeout: float = 5.0, # seconds for each request and each answer
                    ) -> list[dict]:
     "The checks of a server (see `validate_url`), run on `app` served in this process while they run."
-    if app is None: return [criterion("served", "The app is served in this process for the runtime checks", False, details="not served: the app could not be made")]
+    if app is None:
+        return [criterion("served", "The app is served in this process for the runtime checks",
+                          False, details="not served: the app could not be made")]
     hub = getattr(getattr(app, "state", None), "hub", None)
-    with serve_in_thread(app) as base: return validate_url(base, timeout, level, env=getattr(hub, "factory", None))["criteria"]
+    with serve_in_thread(app) as base:
+        return validate_url(base, timeout, level, env=getattr(hub, "factory", None))["criteria"]
 
 # %% ../nbs/14_validate.ipynb #1d3ea932
 def _code_criteria(m: Manifest, level: str, timeout: float, log: Callable | None) -> tuple[list[dict], list[dict]]:
     "What the project's code gives: its static criteria, and those of its app served (none at level `static`)."
-    if log: log(f"importing the code of project {m.name} from {m.root} ({m.app}, as its {MANIFEST} says): validate only projects you trust")
+    if log:
+        log(f"importing the code of project {m.name} from {m.root} ({m.app}, as its {MANIFEST} says): validate only projects you trust")
     with isolated_imports(m.root):
         found, app = _import_criteria(m)
         found += app_criteria(app) if app is not None else []
@@ -96,7 +104,8 @@ def validate_project(path: str | Path = ".", # the project folder (or its openen
                      timeout: float = 5.0, # seconds for each request and each answer, at the runtime and semantic levels
                     ) -> dict:
     "The report on the environment project at `path`, at `level`."
-    if level not in LEVELS: raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
     root = Path(path).resolve()
     root = root.parent if root.name == MANIFEST else root
     m, criteria = _manifest_criteria(root)
@@ -123,7 +132,8 @@ def validate_env(env: Any, # a built-in's name, a family's `prefix:name`, `modul
                  timeout: float = 5.0, # seconds for each request and each answer
                 ) -> dict:
     "The report on an environment checked in this process, at `level`."
-    if level not in LEVELS: raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
     criteria, app = _env_app(env)
     if app is not None: criteria += app_criteria(app)
     if level != "static": criteria += served_criteria(app, level, timeout)
@@ -145,7 +155,10 @@ def validate(target: Any = ".", # a server's URL, a project folder, or an enviro
              token: str | None = None, # with a server's URL: its own token; `None` reads `OPENENV_TOKEN`
             ) -> dict:
     "The report on `target` at `level`: every check of that level and of the levels below it."
-    if level is not None and level not in LEVELS: raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-    if isinstance(target, str) and target.startswith(("http://", "https://", "ws://", "wss://")): return validate_url(target, timeout, level or "runtime", headers=headers, token=token)
-    if isinstance(target, (str, Path)) and _is_project(target): return validate_project(target, log, level or "static", timeout)
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+    if isinstance(target, str) and target.startswith(("http://", "https://", "ws://", "wss://")):
+        return validate_url(target, timeout, level or "runtime", headers=headers, token=token)
+    if isinstance(target, (str, Path)) and _is_project(target):
+        return validate_project(target, log, level or "static", timeout)
     return validate_env(target, level or "static", timeout)
