@@ -38,7 +38,8 @@ BUILTIN = tuple(IMAGES)  # environments with a Dockerfile in the package
 def builtin_dockerfile(name: str # a key of `IMAGES`: `"echo"`, `"coding"`, `"gym"`, ...
                       ) -> str:
     "The Dockerfile of the built-in image `name`."
-    if name not in IMAGES: raise ValueError(f"No built-in image {name!r}: use one of {', '.join(IMAGES)}")
+    if name not in IMAGES:
+        raise ValueError(f"No built-in image {name!r}: use one of {', '.join(IMAGES)}")
     return (resources.files("openenv_nb") / "docker" / f"{name}.Dockerfile").read_text()
 
 # %% ../nbs/10_images.ipynb #d9c394ac
@@ -65,15 +66,21 @@ def check_dockerfile(text: str # a Dockerfile
     lines = _instructions(text)
     first = lambda word: [l for l in lines if l.split()[0].upper() == word]
     froms, users, problems = first("FROM"), first("USER"), []
-    if not froms or "${BASE_IMAGE}" not in froms[0] and "$BASE_IMAGE" not in froms[0]: problems.append("FROM must be ${BASE_IMAGE}")
-    if not any(re.match(r"ARG\s+BASE_IMAGE\b", l, re.I) for l in lines): problems.append("no ARG BASE_IMAGE")
-    if not users or users[-1].split()[1].split(":")[0] in ("root", "0"): problems.append("runs as root: add a USER")
-    if not any(l.upper().startswith("HEALTHCHECK") and "/health" in l for l in lines): problems.append("no HEALTHCHECK on /health")
+    if not froms or "${BASE_IMAGE}" not in froms[0] and "$BASE_IMAGE" not in froms[0]:
+        problems.append("FROM must be ${BASE_IMAGE}")
+    if not any(re.match(r"ARG\s+BASE_IMAGE\b", l, re.I) for l in lines):
+        problems.append("no ARG BASE_IMAGE")
+    if not users or users[-1].split()[1].split(":")[0] in ("root", "0"):
+        problems.append("runs as root: add a USER")
+    if not any(l.upper().startswith("HEALTHCHECK") and "/health" in l for l in lines):
+        problems.append("no HEALTHCHECK on /health")
     cmd = (first("CMD") or first("ENTRYPOINT") or [""])[-1]
     for var in ("PORT", "HOST"):
-        if f"${var}" not in cmd and f"${{{var}}}" not in cmd: problems.append(f"the server does not listen on ${var}")
+        if f"${var}" not in cmd and f"${{{var}}}" not in cmd:
+            problems.append(f"the server does not listen on ${var}")
     if _SECRET.search(text): problems.append("a secret is baked in (ENV or ARG with a value)")
-    if "--token" in cmd: problems.append("the token is on the command line: let the server read $OPENENV_TOKEN")
+    if "--token" in cmd:
+        problems.append("the token is on the command line: let the server read $OPENENV_TOKEN")
     return problems
 
 # %% ../nbs/10_images.ipynb #ae1a210c
@@ -201,7 +208,8 @@ def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
     "Whether `rules` leave out `relpath`: the deepest ignore file with a pattern that matches it decides, as in git."
     out = False
     for base, spec in rules:
-        if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None: out = hit
+        if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None:
+            out = hit
     return out
 
 # %% ../nbs/10_images.ipynb #726a7627
@@ -233,12 +241,14 @@ def _link_problem(path: Path, # a link in the project
     "Why the link `path` is not followed; `None` when it may be."
     target = path.resolve()
     if not target.exists(): return "a broken link"
-    if not target.is_relative_to(root): return f"a link out of the project (to {target}): not followed"
+    if not target.is_relative_to(root):
+        return f"a link out of the project (to {target}): not followed"
     if target in above: return "a link to a folder that holds it: not followed"
     return None
 
 # %% ../nbs/10_images.ipynb #812acc92
-LEFT_OUT = (".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "*.pyc", ".ipynb_checkpoints", ".pytest_cache", ".openenv")  # never copied
+LEFT_OUT = (".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "*.pyc", ".ipynb_checkpoints",
+            ".pytest_cache", ".openenv")  # never copied
 
 # %% ../nbs/10_images.ipynb #78e05bdd
 def _entries(root: Path, # the project folder, resolved
@@ -258,7 +268,8 @@ def _entries(root: Path, # the project folder, resolved
         if p.is_symlink() and (why := _link_problem(p, root, above)): yield r, why; continue
         out = hidden or ignored(git, r, p.is_dir()) or ignored(docker, r, p.is_dir())
         if p.is_dir():
-            if not out or reach(r): yield from _entries(root, r + "/", git, docker, reach, out, above)
+            if not out or reach(r):
+                yield from _entries(root, r + "/", git, docker, reach, out, above)
         else: yield r, "ignored" if out else None if p.is_file() else "not a regular file"
 
 # %% ../nbs/10_images.ipynb #414dfd01
@@ -278,7 +289,8 @@ def context_files(root: str | Path, # a project folder
     root, files, told = Path(root).resolve(), [], {}
     inc = GitIgnoreSpec.from_lines(filter(_readable, include))
     docker = ignore_rules(root / ".dockerignore", docker=True)
-    for r, why in _entries(root, docker=docker, reach=lambda rel: _reaches(list(include), rel) or inc.match_file(rel + "/")):
+    for r, why in _entries(root, docker=docker,
+                           reach=lambda rel: _reaches(list(include), rel) or inc.match_file(rel + "/")):
         if why not in (None, "ignored"): told[r] = why
         elif inc.match_file(r): files.append(r)
         elif why and r not in _ALWAYS: continue
@@ -303,7 +315,8 @@ def _copy_project(src: Path, # the project folder
     if "Dockerfile" not in files and "server/Dockerfile" not in files:
         raise FileNotFoundError(f"No Dockerfile in {src.resolve()}: build a built-in ({', '.join(BUILTIN)}) or an `openenv init` project")
     for r, why in told.items(): log(f"left out {r}: {why}")
-    for r in files: (dest / r).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(src / r, dest / r)
+    for r in files:
+        (dest / r).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(src / r, dest / r)
     if "Dockerfile" not in files: shutil.copy2(dest / "server" / "Dockerfile", dest / "Dockerfile")
     if (dest / ".dockerignore").exists():
         with open(dest / ".dockerignore", "a") as f: f.write("\n!.openenv\n!.openenv/**\n")
@@ -331,18 +344,18 @@ def default_tag(path: str | Path # a project folder, or a key of `IMAGES`
     name = str(path) if is_builtin(path) else Path(path).resolve().name
     return "openenv-" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "env") + ":latest"
 
+# %% ../nbs/10_images.ipynb #524ea03b
+def _chunk_lines(c: dict) -> list[str]:
+    "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
+    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
+    return [l for l in text.rstrip("\n").splitlines() if l.strip()]
+
 # %% ../nbs/10_images.ipynb #4dd3e01e
 class ImageBuildError(RuntimeError):
     "An image could not be built; the message is the engine's, `log` the last lines of the build."
     def __init__(self, message: str, log: list[str] = ()):
         super().__init__(message)
         self.log = list(log)
-
-# %% ../nbs/10_images.ipynb #524ea03b
-def _chunk_lines(c: dict) -> list[str]:
-    "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
-    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
-    return [l for l in text.rstrip("\n").splitlines() if l.strip()]
 
 # %% ../nbs/10_images.ipynb #0a032709
 def follow_build(chunks, # the engine's decoded build stream
@@ -365,7 +378,8 @@ def follow_build(chunks, # the engine's decoded build stream
 def _build_args(base_image: str | None, build_args: dict | None) -> dict[str, str]:
     "The build arguments: `build_args` as text, and `BASE_IMAGE` from `base_image` or `$OPENENV_BASE_IMAGE`."
     args = {k: str(v) for k, v in (build_args or {}).items()}
-    if base_image or os.environ.get("OPENENV_BASE_IMAGE"): args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
+    if base_image or os.environ.get("OPENENV_BASE_IMAGE"):
+        args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
     return args
 
 # %% ../nbs/10_images.ipynb #f68b5ac8

@@ -6,24 +6,22 @@ Docs: https://openenv-nb.github.io/openenv-nb/ray.html.md"""
 
 # %% auto #0
 __all__ = ['NODE_ID_LABEL', 'need_ray', 'url_for', 'ThreadServer', 'make_server', 'node_address', 'ServerHost', 'actor_options',
-           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor', 'health_of']
+           'match_label', 'why_unplaceable', 'PlacementError', 'RayServer', 'RayProvider', 'host_actor']
 
 # %% ../nbs/13_ray.ipynb #2a75f96b
 import contextlib
-import json
 import os
 import re
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fastcore.basics import patch, store_attr
 
-from .providers import DockerProvider, LocalProcessProvider, Provider, ProviderError, healthy
+from .providers import DockerProvider, LocalProcessProvider, Provider, ProviderError, health_of, healthy
 from .server import serve_in_thread
 from .targets import TargetError, make_app
 
@@ -31,7 +29,8 @@ from .targets import TargetError, make_app
 def need_ray():
     "The `ray` module, imported on first use; an `ImportError` that says how to install it where it is missing."
     try: import ray
-    except ImportError: raise ImportError("Ray support needs Ray: pip install 'openenv-nb[ray]'") from None
+    except ImportError:
+        raise ImportError("Ray support needs Ray: pip install 'openenv-nb[ray]'") from None
     return ray
 
 # %% ../nbs/13_ray.ipynb #44191b79
@@ -60,11 +59,14 @@ class ThreadServer(Provider):
 def start(self: ThreadServer) -> str:
     "Start the server in a daemon thread (`serve_in_thread`) and wait until it listens; its base URL."
     if self._serving is not None: return self.base_url
-    try: app = make_app(self.target, max_sessions=self.max_sessions, session_timeout=self.session_timeout)
+    try:
+        app = make_app(self.target, max_sessions=self.max_sessions,
+                       session_timeout=self.session_timeout)
     except TargetError as e: raise ProviderError(str(e)) from e
     serving = contextlib.ExitStack()
     try: url = serving.enter_context(serve_in_thread(app, host=self.host))
-    except RuntimeError as e: raise ProviderError(f"The server for {self.target!r} did not start: {e}") from e
+    except RuntimeError as e:
+        raise ProviderError(f"The server for {self.target!r} did not start: {e}") from e
     self._serving, self.base_url = serving, url_for(self.host, int(url.rsplit(":", 1)[1]))
     return self.base_url
 
@@ -87,7 +89,8 @@ def make_server(backend, # `"process"`, `"thread"`, `"docker"` or a callable `ho
                ) -> Provider:
     "A provider of the `backend` kind for one server on `host` (not yet started)."
     if callable(backend): return backend(host)
-    if backend == "thread": return ThreadServer(target, host, max_sessions, session_timeout, **kwargs)
+    if backend == "thread":
+        return ThreadServer(target, host, max_sessions, session_timeout, **kwargs)
     if backend == "process":
         return LocalProcessProvider(target, host=host, max_sessions=max_sessions, env_vars=env_vars,
                                     args=["--session-timeout", str(session_timeout or 0)], **kwargs)
@@ -181,13 +184,15 @@ def why_unplaceable(ask: dict, # what one server asks for, e.g. `{"CPU": 1, "env
     "Why no node takes a server asking for `ask`: the missing resource or label, named."
     alive = [n for n in nodes if n.get("Alive")]
     if not alive: return "the cluster has no live node"
-    fit = [n for n in alive if all(match_label((n.get("Labels") or {}).get(k), v) for k, v in (selector or {}).items())]
+    fit = [n for n in alive if all(match_label((n.get("Labels") or {}).get(k), v) for k,
+                                   v in (selector or {}).items())]
     if not fit: return f"no node has the labels {selector}"
     where = f" with the labels {selector}" if selector else ""
     for r, x in ask.items():
         most = max(n["Resources"].get(r, 0) for n in fit)
         if most == 0: return f"no node{where} has the resource {r!r}"
-        if most < x: return f"each server asks for {r} {_amount(r, x)}, and the largest node{where} has {_amount(r, most)}"
+        if most < x:
+            return f"each server asks for {r} {_amount(r, x)}, and the largest node{where} has {_amount(r, most)}"
     big = [n for n in fit if all(n["Resources"].get(r, 0) >= x for r, x in ask.items())]
     if not big: return f"no single node{where} has all of {ask}"
     for r, x in ask.items():
@@ -271,7 +276,8 @@ def ask(self: RayProvider) -> dict:
 @patch
 def _options(self: RayProvider, avoid_node: str | None = None) -> dict:
     "The options of one server's actor (see `actor_options`)."
-    return actor_options(self.num_cpus, self.memory, self.resources, self.label_selector, self.spread, self.runtime_env, avoid_node)
+    return actor_options(self.num_cpus, self.memory, self.resources, self.label_selector,
+                         self.spread, self.runtime_env, avoid_node)
 
 # %% ../nbs/13_ray.ipynb #492a4c1b
 @patch
@@ -311,17 +317,6 @@ def host_actor():
     if _actor_class is None: _actor_class = need_ray().remote(ServerHost)
     return _actor_class
 
-# %% ../nbs/13_ray.ipynb #4959793e
-def health_of(url: str, # a server's base URL
-              timeout: float = 2.0 # limit on the request
-             ) -> dict | None:
-    "The JSON that `url/health` answers, or `None` if it does not answer 200."
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url.rstrip("/") + "/health", timeout=timeout) as r:
-            return json.loads(r.read()) if r.status == 200 else None
-    except (OSError, ValueError): return None
-
 # %% ../nbs/13_ray.ipynb #2c244b53
 @patch
 def health(self: RayProvider) -> list[dict]:
@@ -329,8 +324,8 @@ def health(self: RayProvider) -> list[dict]:
     servers = list(self.servers)
     with ThreadPoolExecutor(max(1, min(32, len(servers)))) as ex:
         said = list(ex.map(lambda s: health_of(s.url, self.health_timeout_s), servers))
-    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts, "healthy": h is not None, **(h or {})}
-            for s, h in zip(servers, said)]
+    return [{"index": s.index, "url": s.url, "node_ip": s.node_ip, "restarts": s.restarts,
+             "healthy": h is not None, **(h or {})} for s, h in zip(servers, said)]
 
 # %% ../nbs/13_ray.ipynb #e1cf30bc
 @patch
@@ -342,7 +337,8 @@ def _event(self: RayProvider, what: str):
 @patch
 def _watch(self: RayProvider):
     "Check every server's health each `check_interval_s` until stopped."
-    with ThreadPoolExecutor(max(1, min(32, self.num_servers)), thread_name_prefix="openenv-ray-health") as ex:
+    with ThreadPoolExecutor(max(1, min(32, self.num_servers)),
+                            thread_name_prefix="openenv-ray-health") as ex:
         while not self._stopping.wait(self.check_interval_s): self._check(ex)
 
 # %% ../nbs/13_ray.ipynb #2cb36591
@@ -415,7 +411,8 @@ def _launch(self: RayProvider, actors: list, timeout_s: float) -> list[dict]:
         raise ProviderError(f"The servers did not start within {timeout_s:g} s") from None
     except ray.exceptions.RayTaskError as e:
         raise ProviderError(f"A server failed to start on its node: {e.cause if e.cause is not None else e}") from None
-    except ray.exceptions.RayActorError as e: raise ProviderError(f"A server's actor died as it started: {e}") from None
+    except ray.exceptions.RayActorError as e:
+        raise ProviderError(f"A server's actor died as it started: {e}") from None
     _reach(infos)
     return infos
 
@@ -474,7 +471,8 @@ def _adopt(self: RayProvider, s: RayServer, actor, info: dict) -> bool:
         for k, v in info.items(): setattr(s, k, v)
         s.actor, s.restarts, s.failures = actor, s.restarts + 1, 0
         self.urls[s.index] = s.url
-        self.events.append((time.time(), f"server {s.index} restarted: {old} -> {s.url} (node {s.node_ip})"))
+        self.events.append((time.time(),
+                            f"server {s.index} restarted: {old} -> {s.url} (node {s.node_ip})"))
     return True
 
 # %% ../nbs/13_ray.ipynb #4d19a0aa

@@ -9,7 +9,6 @@ __all__ = ['ObsT', 'ActT', 'StateT', 'VectorResult', 'VectorEnv', 'spread', 'Tra
 
 # %% ../nbs/09_vector.ipynb #34dc404f
 import asyncio
-import functools
 import inspect
 import os
 import time
@@ -18,10 +17,9 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from fastcore.basics import patch
 from fastcore.meta import delegates
-from pydantic import TypeAdapter
-from .client import EnvClient, EpisodeLost, adopt_types, autosync, blocking, model_args, parse_reply, run_sync
+from .client import EnvClient, EpisodeLost, adopt_types, autosync, model_args, sync_twin
 from .providers import LocalProcessProvider
-from .types import EnvConnectionError, EnvServerError, OpenEnvError, State
+from .types import EnvConnectionError, EnvServerError, OpenEnvError, State, list_adapter
 
 # %% ../nbs/09_vector.ipynb #779de17b
 class _Link(EnvClient):
@@ -101,7 +99,8 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
         self._urls = [] if self._source else [urls] if isinstance(urls, str) else list(urls or [])
         if not self.urls and not providers: raise ValueError("VectorEnv needs urls or providers")
         self.num_envs, self.auto_reset, self.providers = num_envs, auto_reset, list(providers)
-        self._options = dict(message_timeout_s=message_timeout_s, connect_timeout_s=connect_timeout_s, headers=headers, token=token)
+        self._options = dict(message_timeout_s=message_timeout_s,
+                             connect_timeout_s=connect_timeout_s, headers=headers, token=token)
         self.action_type, self.observation_type, self.state_type = model_args(type(self), VectorEnv)
         self._links: list[_Link] = []
         self._where: list[tuple[int, int]] = []  # environment index -> (link, environment id there)
@@ -118,7 +117,6 @@ def urls(self: VectorEnv) -> list[str]:
 @patch
 def __len__(self: VectorEnv): return self.num_envs
 
-# %% ../nbs/09_vector.ipynb #5f1993b5
 @patch
 def __repr__(self: VectorEnv): return f"{type(self).__name__}({self.urls!r}, num_envs={self.num_envs})"
 
@@ -176,7 +174,8 @@ def _groups(self: VectorEnv, envs: list[int] # environment indices
     by_link: dict[int, list[int]] = {}
     for n, i in enumerate(envs): by_link.setdefault(self._where[i][0], []).append(n)
     if len(self._spans) >= 256: self._spans.clear()  # a rollout's shrinking sets: keep a few
-    self._spans[key] = {k: range(ns[0], ns[-1] + 1) if ns[-1] - ns[0] + 1 == len(ns) else ns for k, ns in by_link.items()}
+    self._spans[key] = {k: range(ns[0], ns[-1] + 1) if ns[-1] - ns[0] + 1 == len(ns) else ns for k,
+                        ns in by_link.items()}
     return self._spans[key]
 
 # %% ../nbs/09_vector.ipynb #befa1f04
@@ -185,7 +184,8 @@ async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exc
     "Results of `(env index, op)` pairs: a frame per op, or the exception that lost it."
     out: list = [None] * len(ops)
     async def run(k, ns):
-        try: res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]} for n in ns])
+        try:
+            res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]} for n in ns])
         except EnvConnectionError as e: res = [_episode_lost(ops[n][0], e) for n in ns]
         except (TimeoutError, EnvServerError) as e: res = [e] * len(ns)
         for n, r in zip(ns, res): out[n] = r
@@ -205,13 +205,16 @@ def _place(self: VectorEnv, out: list[list], # the four result columns being fil
         for n, e in zip(ns, res if isinstance(res, list) else [res] * len(ns)): out[3][n] = e
         return
     if isinstance(ns, range):  # a run of positions: its columns go in as slices
-        for col, key in zip(out, ("observations", "rewards", "dones")): col[ns.start:ns.stop] = res[key]
+        for col, key in zip(out, ("observations", "rewards", "dones")):
+            col[ns.start:ns.stop] = res[key]
     else:
-        for n, o, r, d in zip(ns, res["observations"], res["rewards"], res["dones"]): out[0][n], out[1][n], out[2][n] = o, r, d
+        for n, o, r, d in zip(ns, res["observations"], res["rewards"], res["dones"]):
+            out[0][n], out[1][n], out[2][n] = o, r, d
     if any(res["errors"]):
         url = self._links[k].url
         for n, e in zip(ns, res["errors"]):
-            if e is not None: out[3][n] = EnvServerError.from_frame(e, f"{url} (environment {envs[n]})")
+            if e is not None:
+                out[3][n] = EnvServerError.from_frame(e, f"{url} (environment {envs[n]})")
 
 # %% ../nbs/09_vector.ipynb #9639dd2b
 @patch
@@ -226,7 +229,8 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
     out = [[None] * len(envs), [None] * len(envs), [False] * len(envs), [None] * len(envs)]
     async def run(k, ns):
         ids = [self._where[envs[n]][1] for n in ns]
-        mine = {c: v[ns.start:ns.stop] if isinstance(ns, range) else [v[n] for n in ns] for c, v in cols.items()}
+        mine = {c: v[ns.start:ns.stop] if isinstance(ns, range) else [v[n] for n in ns] for c,
+                v in cols.items()}
         data = {"envs": ids, **mine, **(extra or {})}
         if resets is not None: data["resets"] = [i for i, n in zip(ids, ns) if resets[n]]
         try: res = lost[k] if lost and k in lost else await self._links[k].columns(kind, data)
@@ -237,12 +241,6 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
     await (runs[0] if len(runs) == 1 else asyncio.gather(*runs))  # one server: no task to schedule
     return out
 
-# %% ../nbs/09_vector.ipynb #5b53bd41
-@functools.lru_cache(maxsize=64)
-def _many(cls: type) -> TypeAdapter:
-    "A validator (and dumper) of lists of `cls`, made once per class."
-    return TypeAdapter(list[cls])
-
 # %% ../nbs/09_vector.ipynb #1e5d0b49
 @patch
 def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an error)
@@ -251,7 +249,8 @@ def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an err
     if self.observation_type is None: return obs
     at = [n for n, o in enumerate(obs) if o is not None]
     out = [None] * len(obs)
-    for n, o in zip(at, _many(self.observation_type).validate_python([{**obs[n], "reward": rewards[n], "done": dones[n]} for n in at])): out[n] = o
+    for n, o in zip(at, list_adapter(self.observation_type).validate_python(
+            [{**obs[n], "reward": rewards[n], "done": dones[n]} for n in at])): out[n] = o
     return out
 
 # %% ../nbs/09_vector.ipynb #52a755ca
@@ -266,7 +265,8 @@ def _which(self: VectorEnv, envs) -> list[int]:
 # %% ../nbs/09_vector.ipynb #f89b37f0
 def _seeds(seed, n: int) -> list:
     "Per-environment seeds: `seed + i` for an int, as Gymnasium does, or the list given."
-    if seed is None or isinstance(seed, int): return [None if seed is None else seed + i for i in range(n)]
+    if seed is None or isinstance(seed, int):
+        return [None if seed is None else seed + i for i in range(n)]
     if len(seed) != n: raise ValueError(f"Got {len(seed)} seeds for {n} environments")
     return list(seed)
 
@@ -278,7 +278,8 @@ async def _reopen(self: VectorEnv, links: set[int]) -> dict[int, Exception]:
         link = self._links[k]
         if link._ws is not None: return None
         url = self.urls[k]
-        if url != link.base_url: link = self._links[k] = self._link(url)  # the server moved (e.g. restarted elsewhere)
+        if url != link.base_url:
+            link = self._links[k] = self._link(url)  # the server moved (e.g. restarted elsewhere)
         mine = [n for n, (kk, _) in enumerate(self._where) if kk == k]
         try: ids = await link.open(len(mine))
         except (EnvConnectionError, EnvServerError, TimeoutError, OpenEnvError) as e: return e
@@ -320,7 +321,8 @@ def _payloads(self: VectorEnv, actions: Sequence, # one action per environment
     cls, kinds = self.action_type, {type(a) for a in actions}
     if kinds <= {dict} and cls is None: out = list(actions)  # nothing to check, nothing to convert
     elif kinds <= {dict, cls} and cls is not None:
-        out = _many(cls).dump_python(_many(cls).validate_python(list(actions)), mode="json")
+        out = list_adapter(cls).dump_python(list_adapter(cls).validate_python(list(actions)),
+                                            mode="json")
         for d in out:
             if not d.get("metadata", True): del d["metadata"]
     else: out = [self._step_payload(a) for a in actions]
@@ -335,9 +337,11 @@ async def step(self: VectorEnv, actions: Sequence, # one action per environment 
     "Step the environments; with `auto_reset`, a finished one is reset instead (its action is ignored)."
     await self.connect()
     envs = self._which(envs)
-    if len(actions) != len(envs): raise ValueError(f"Got {len(actions)} actions for {len(envs)} environments")
+    if len(actions) != len(envs):
+        raise ValueError(f"Got {len(actions)} actions for {len(envs)} environments")
     resets = [self.auto_reset and self._needs_reset[i] for i in envs]
-    cols = await self._send_columns("batch.step", envs, {"actions": self._payloads(actions, resets)}, resets=resets)
+    cols = await self._send_columns("batch.step", envs,
+                                    {"actions": self._payloads(actions, resets)}, resets=resets)
     r = VectorResult(envs, self._typed(*cols[:3]), *cols[1:], resets)
     for i, d, e in zip(envs, r.dones, r.errors): self._needs_reset[i] = d and e is None
     return r
@@ -364,13 +368,13 @@ async def close(self: VectorEnv):
     links, self._links = self._links, []
     await asyncio.gather(*[l.disconnect() for l in links], return_exceptions=True)
     loop = asyncio.get_running_loop()
-    await asyncio.gather(*[loop.run_in_executor(None, p.stop) for p in self.providers], return_exceptions=True)
+    await asyncio.gather(*[loop.run_in_executor(None, p.stop) for p in self.providers],
+                         return_exceptions=True)
 
 # %% ../nbs/09_vector.ipynb #b62903e3
 @patch
 async def __aenter__(self: VectorEnv): return await self.connect()
 
-# %% ../nbs/09_vector.ipynb #23c003de
 @patch
 async def __aexit__(self: VectorEnv, *exc): await self.close()
 
@@ -453,62 +457,13 @@ async def rollout(self: VectorEnv, policy: Callable, # observations of the runni
     return Rollout(trajs, time.perf_counter() - t0, steps)
 
 # %% ../nbs/09_vector.ipynb #c9fbd32d
+@sync_twin(VectorEnv, "connect", "reset", "step", "states", "rollout", "close", attr="async_env")
 class SyncVectorEnv:
-    "Blocking twin of a `VectorEnv`: the same calls, without `await`."
-    def __init__(self, venv: VectorEnv): self.async_env = venv
-    def __getattr__(self, name): return getattr(self.async_env, name)
+    "Blocking twin of a `VectorEnv` (made by `sync_twin`, as `SyncEnvClient` is): the same calls, without `await`."
+    def __len__(self): return len(self.async_env)
 
 # %% ../nbs/09_vector.ipynb #8f5698d2
 @patch
 def sync(self: VectorEnv) -> SyncVectorEnv:
     "A blocking twin of this vector, for scripts and notebooks."
     return SyncVectorEnv(self)
-
-# %% ../nbs/09_vector.ipynb #af2fad58
-@patch
-def __len__(self: SyncVectorEnv): return len(self.async_env)
-
-# %% ../nbs/09_vector.ipynb #0092fd23
-@patch
-def connect(self: SyncVectorEnv) -> SyncVectorEnv:
-    "Connect; see `VectorEnv.connect`."
-    blocking(self.async_env.connect())
-    return self
-
-# %% ../nbs/09_vector.ipynb #49877604
-@patch
-def reset(self: SyncVectorEnv, seed=None, envs=None, **kwargs) -> VectorResult:
-    "Start new episodes; see `VectorEnv.reset`."
-    return blocking(self.async_env.reset(seed, envs, **kwargs))
-
-# %% ../nbs/09_vector.ipynb #a6f42c3e
-@patch
-def step(self: SyncVectorEnv, actions, envs=None) -> VectorResult:
-    "Step the environments; see `VectorEnv.step`."
-    return blocking(self.async_env.step(actions, envs))
-
-# %% ../nbs/09_vector.ipynb #551d0dbc
-@patch
-def states(self: SyncVectorEnv, envs=None) -> list:
-    "The state of each environment; see `VectorEnv.states`."
-    return blocking(self.async_env.states(envs))
-
-# %% ../nbs/09_vector.ipynb #9c4a85e6
-@patch
-def rollout(self: SyncVectorEnv, policy, max_steps: int, seed=None) -> Rollout:
-    "Run `policy` on every environment; see `VectorEnv.rollout`."
-    return blocking(self.async_env.rollout(policy, max_steps, seed))
-
-# %% ../nbs/09_vector.ipynb #15a0f5e7
-@patch
-def close(self: SyncVectorEnv):
-    "Close the connections and stop the providers' servers; see `VectorEnv.close`."
-    blocking(self.async_env.close())
-
-# %% ../nbs/09_vector.ipynb #2d92e5e0
-@patch
-def __enter__(self: SyncVectorEnv): return self.connect()
-
-# %% ../nbs/09_vector.ipynb #0ddc1de8
-@patch
-def __exit__(self: SyncVectorEnv, *exc): self.close()

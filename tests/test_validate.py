@@ -22,8 +22,8 @@ from conftest import start_server
 from openenv_nb.mcp import MCPEchoEnvironment, MCPEnvironment, rpc
 from openenv_nb.scaffold import init_project
 from openenv_nb.server import create_app, serve_in_thread
-from openenv_nb.validate import (LEVELS, SEMANTIC, format_report, schema_problems, validate, validate_env, validate_project,
-                                 validate_url)
+from openenv_nb.conformance import LEVELS, SEMANTIC, format_report, schema_problems, validate_url
+from openenv_nb.validate import validate, validate_env, validate_project
 
 # what else fails, of necessity, when a criterion breaks
 CONSEQUENCES = {"openapi_version_available": {"mode_endpoint_consistency"},  # no paths to tell the mode from
