@@ -1,4 +1,5 @@
-"""Every notebook under nbs/ runs top to bottom, as `nbdev-test` runs it: one pytest item each."""
+"""Every notebook under nbs/ runs top to bottom, as `nbdev-test` runs it: one pytest item each (the tutorials in
+`test_tutorials.py`, in a fresh Jupyter kernel)."""
 import json
 import re
 import subprocess
@@ -12,7 +13,8 @@ from conftest import need_trl
 
 ROOT = Path(__file__).parent.parent
 NBS = ROOT / "nbs"
-NOTEBOOKS = sorted(p for p in NBS.rglob("*.ipynb") if not any(part.startswith((".", "_")) for part in p.relative_to(NBS).parts))
+NOTEBOOKS = sorted(p for p in NBS.rglob("*.ipynb") if not any(part.startswith((".", "_")) for part in p.relative_to(NBS).parts)
+                   and p.parent.name != "tutorials")  # `test_tutorials.py` runs those as Jupyter's "Run all" does
 SKIP_FLAGS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["nbdev"].get("tst_flags", "").split()
 TRL = re.compile(r"^\s*(?:from|import)\s+(?:trl|transformers|torch)\b", re.M)  # what needs the trl extra
 RUN = "import sys, nbdev.test as nbt; ok, _ = nbt.test_nb(sys.argv[1], skip_flags=sys.argv[2:]); sys.exit(0 if ok else 1)"

@@ -1,5 +1,5 @@
 """Every tutorial runs as Jupyter's "Run all" runs it: every cell, in a fresh kernel of this interpreter, nbdev's
-directives ignored. (`test_notebooks.py` runs them as `nbdev-test` does, which skips `#| eval: false` cells.)"""
+directives ignored (a tutorial has no cell that nbdev would skip, so this covers what `nbdev-test` would run)."""
 import importlib.util
 import json
 import subprocess
