@@ -31,7 +31,7 @@ from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame
 
 # %% ../nbs/05_web.ipynb #cea4f579
 class WebEpisode:
-    "A room of the web interface: one episode, with an environment of its own, its history, and its pages."
+    "A room of the web interface: one episode, an environment of its own, a history, and pages."
     def __init__(self, hub: Hub, # the server's shared state
                  id: str = "http", # the room's id, as a page names it to join (`/web/?join=ID`)
                  max_history: int = 100, # entries kept; older ones drop off
@@ -39,21 +39,22 @@ class WebEpisode:
                 ):
         self.hub, self.id, self.max_history, self.keep = hub, id, max_history, keep
         self.env: Environment | None = None
-        self.pages: dict[WebSocket, asyncio.Lock] = {}  # each page's socket, and a lock so frames never interleave
+        self.pages: dict[WebSocket, asyncio.Lock] = {}  # each page's socket, and its lock
         self.lock, self.n = asyncio.Lock(), 0
         self.history: deque = deque(maxlen=max_history)
         self.episode = {"episode_id": None, "step_count": None}
-        self.fields = form_fields(hub.action_cls.model_json_schema())
+        schema = hub.action_cls.model_json_schema()
+        self.fields = form_fields(schema)
         self.reset_fields = form_fields(ResetRequest.model_json_schema())
-        self.tool_env = is_tool_action(hub.action_cls.model_json_schema())  # steps are tool calls: a form per tool
-        self.about: dict | None = None  # the environment's name, description and tools, once learnt (see `learn`)
-        self.began = False  # a reset was made: `/web/state` has an episode to report, and the page's Step is on
+        self.tool_env = is_tool_action(schema)  # steps are tool calls: a form per tool
+        self.about: dict | None = None  # name, description, tools (`learn`)
+        self.began = False  # a reset was made: `/web/state` has an episode, and a page's Step is on
         self.slot = self.closed = False  # it holds one of the server's `max_sessions`; it has ended
 
 # %% ../nbs/05_web.ipynb #b7fb7385
 @patch_to(WebEpisode)
 async def environment(self) -> Environment:
-    "The room's environment, made on first use (a factory that raises is tried again on the next call)."
+    "The room's environment, made on first use (a factory that raises is tried again next time)."
     if self.env is None:
         env = await self.hub.make_env()
         if self.closed: await self.hub.close_env(env); raise RuntimeError("this episode has ended")
@@ -62,18 +63,19 @@ async def environment(self) -> Environment:
 
 # %% ../nbs/05_web.ipynb #6939aeb0
 def _full(hub: Hub) -> dict:
-    "The `CAPACITY_REACHED` frame for a page that would need one environment more than the server has."
+    "The `CAPACITY_REACHED` frame for a page that would need one environment more than there are."
     return error_frame(ErrorCode.CAPACITY_REACHED,
-        f"Server at capacity: {hub.active}/{hub.max_sessions} environments in use (sessions and web pages), none "
-        "left for a new episode. Close a page or session you no longer need, join an open episode with its share "
-        "link (/web/?join=ID), or serve with more room (--max-sessions)",
+        f"Server at capacity: {hub.active}/{hub.max_sessions} environments in use (sessions and "
+        "web pages), none left for a new episode. Close a page or session you no longer need, "
+        "join an open episode with its share link (/web/?join=ID), or serve with more room "
+        "(--max-sessions)",
         active_sessions=hub.active, max_sessions=hub.max_sessions)
 
 # %% ../nbs/05_web.ipynb #7e4ed04d
 @patch_to(WebEpisode)
 def claim(self) -> dict | None:
-    "Hold a slot of the server's capacity for the room's environment: `None`, or the frame that says why not."
-    if self.closed: return error_frame(ErrorCode.SESSION_ERROR, "This episode has ended: reload the page")
+    "Hold a slot of the server's capacity for the room's environment: `None`, or why not."
+    if self.closed: return error_frame(ErrorCode.SESSION_ERROR, "This episode has ended: reload")
     hub = self.hub
     if self.slot: return None
     if hub.active >= hub.max_sessions: return _full(hub)
@@ -129,7 +131,7 @@ def _tool_forms(tools: list # tools as listed, in any shape `forms.tool_spec` re
 # %% ../nbs/05_web.ipynb #93fa016b
 @patch_to(WebEpisode)
 async def learn(self) -> dict:
-    "The environment's name and description (as `/metadata` has them) and its tools, asked of the room's environment."
+    "The environment's name and description (as `/metadata` says) and tools, asked of the room's."
     if self.about is not None: return self.about
     name, description = _describe(self.hub)
     async with self.lock:
@@ -138,7 +140,8 @@ async def learn(self) -> dict:
                (await act(self.hub, self.environment, "metadata", {}))["data"]
         env = self.env if self.tool_env else None
     tools = _tool_forms(env.list_tools()) if hasattr(env, "list_tools") else []
-    self.about = {"name": meta.get("name") or name, "description": meta.get("description") or description, "tools": tools}
+    description = meta.get("description") or description
+    self.about = {"name": meta.get("name") or name, "description": description, "tools": tools}
     return self.about
 
 # %% ../nbs/05_web.ipynb #cfb5ce27
@@ -150,8 +153,9 @@ def snapshot(self, notice: str | None = None # one line for the page to show (it
     about = self.about or {"name": name, "description": description, "tools": []}
     return {"type": "snapshot", "data": {
         **about, "tool_env": self.tool_env, "fields": self.fields, "reset_fields": self.reset_fields,
-        "history": list(reversed(self.history)), "episode": self.episode, "max_history": self.max_history,
-        "pages": len(self.pages), "room": self.id, "began": self.began, "notice": notice}}
+        "history": list(reversed(self.history)), "episode": self.episode,
+        "max_history": self.max_history, "pages": len(self.pages), "room": self.id,
+        "began": self.began, "notice": notice}}
 
 # %% ../nbs/05_web.ipynb #70c74f02
 @patch_to(WebEpisode)
@@ -180,7 +184,7 @@ async def broadcast(self, frame: dict):
 async def join(self, ws: WebSocket, # the page's socket
                notice: str | None = None # one line for the page to show (see `snapshot`)
               ):
-    "Add the page on `ws`, send it the snapshot (again once `learn` knows more) and tell every page of the room."
+    "Add the page on `ws`, send it the snapshot (again once `learn` knows more); tell the room."
     self.pages[ws] = asyncio.Lock()
     await self.send(ws, self.snapshot(notice))
     await self.broadcast({"type": "pages", "data": {"count": len(self.pages)}})
@@ -197,7 +201,7 @@ async def leave(self, ws: WebSocket):
 # %% ../nbs/05_web.ipynb #878649ed
 @patch_to(WebEpisode)
 async def close(self):
-    "End the room: close its pages and its environment, and give its slot back (a kept room can start again)."
+    "End the room: close its pages and environment, give its slot back (a kept room may go on)."
     self.closed = not self.keep
     for ws in list(self.pages):
         with contextlib.suppress(Exception): await ws.close(code=1001, reason="server stopping")
@@ -208,15 +212,15 @@ async def close(self):
 
 # %% ../nbs/05_web.ipynb #0c1364bc
 class WebRooms:
-    "The web interface's episodes by id: one per page unless a page joins one on purpose, and `http` for the routes."
+    "The web interface's rooms by id: one per page unless it joins one, and `http` for the routes."
     def __init__(self, hub: Hub, # the server's shared state
                  max_history: int = 100, # entries each room keeps
                  max_pages: int = 64, # pages that may be open at once, over all rooms
                 ):
         self.hub, self.max_history, self.max_pages = hub, max_history, max_pages
-        self.http = WebEpisode(hub, "http", max_history, keep=True)  # the routes' episode: it outlives its pages
+        self.http = WebEpisode(hub, "http", max_history, keep=True)  # outlives its pages
         self.rooms: dict[str, WebEpisode] = {"http": self.http}
-        self.about: dict | None = None  # the environment's name, description and tools, once a room learnt them
+        self.about: dict | None = None  # what a room learnt (`learn`)
 
 # %% ../nbs/05_web.ipynb #1871e480
 @patch_to(WebRooms, as_prop=True)
@@ -227,7 +231,7 @@ def pages(self) -> int:
 # %% ../nbs/05_web.ipynb #2e617e88
 @patch_to(WebRooms)
 def new(self) -> WebEpisode | dict:
-    "A room with a new id, holding a slot of the server's capacity; the `CAPACITY_REACHED` frame when none is left."
+    "A room with a new id, holding a slot of the server's capacity; `CAPACITY_REACHED` if none."
     room = WebEpisode(self.hub, secrets.token_urlsafe(9), self.max_history)
     if (no := room.claim()) is not None: return no
     self.rooms[room.id], room.about = room, self.about
@@ -238,16 +242,19 @@ ENDED = "The episode this page was in has ended (its last page closed): this is 
 
 def _crowded(rooms: WebRooms) -> dict:
     "The frame that refuses a page beyond `max_pages`."
-    return error_frame(ErrorCode.CAPACITY_REACHED, f"{rooms.pages} pages are open on the web interface, its limit; "
-                       "close one and reload", active_sessions=rooms.pages, max_sessions=rooms.max_pages)
+    return error_frame(ErrorCode.CAPACITY_REACHED,
+                       f"{rooms.pages} pages are open on the web interface, its limit; "
+                       "close one and reload",
+                       active_sessions=rooms.pages, max_sessions=rooms.max_pages)
 
 # %% ../nbs/05_web.ipynb #7d635232
 @patch_to(WebRooms)
 async def open(self, ws: WebSocket, # the page's socket, accepted
                want: str | None = None # the room it asks to join (`?join=ID`); `None` for a new one
               ) -> WebEpisode | None:
-    "Put the page on `ws` in room `want`, or in a new room; `None` (and the page told why) when it is refused."
-    room = _crowded(self) if self.pages >= self.max_pages else self.rooms.get(want or "") or self.new()
+    "Put the page on `ws` in room `want`, or a new room; `None` (the page told why) if refused."
+    if self.pages >= self.max_pages: room = _crowded(self)
+    else: room = self.rooms.get(want or "") or self.new()
     if isinstance(room, dict): return await ws.send_text(json.dumps(room))
     room.about = room.about or self.about
     await room.join(ws, ENDED if want and room.id != want else None)
@@ -275,7 +282,7 @@ async def call(self, kind: str, # a kind of call (see `actions.KINDS`)
                data: dict, # the call's data
                **extra # more keyword arguments for the environment's method (e.g. `timeout_s`)
               ) -> dict:
-    "The reply frame to one call on the room's episode; a reset or step also goes in the history, to every page."
+    "The reply to a call on the room's episode; a reset or step goes in the history, to its pages."
     async with self.lock:
         if (no := self.claim()) is not None: return no
         frame = await act(self.hub, self.environment, kind, data, True, **extra)
@@ -307,7 +314,7 @@ def _idle(hub: Hub) -> dict:
 
 # %% ../nbs/05_web.ipynb #e7cb26d2
 async def ui_endpoint(ws: WebSocket):
-    "The `/ws/ui` route: one page, watching and driving its room's episode, until it leaves or is silent too long."
+    "The `/ws/ui` route: one page, driving its room's episode until it leaves or idles."
     rooms: WebRooms = ws.app.state.web
     await ws.accept(subprotocol=chosen_protocol(ws))
     idle, room = IdleTimer(ws), None
@@ -356,29 +363,31 @@ def add_page_route(app: FastAPI, html: str):
 
 # %% ../nbs/05_web.ipynb #e13dfff7
 def add_web_routes(app: FastAPI, web: WebEpisode):
-    "Register the HTTP routes of the `http` room `web`: `/web/metadata`, `/web/reset`, `/web/step`, `/web/state`."
+    "Register the routes of the `http` room `web`: `/web/metadata`, `reset`, `step` and `state`."
     @app.get("/web/metadata", tags=["Web Interface"], summary="About this environment (as `/metadata`)")
     async def web_metadata():
         if web.hub.metadata is not None: return web.hub.metadata
         return JSONResponse(*http_reply(await web.call("metadata", {})))
-    @app.post("/web/reset", tags=["Web Interface"], summary="Reset the episode of the web routes", **ENVELOPE)
+    @app.post("/web/reset", tags=["Web Interface"], summary="Reset the routes' episode",
+              **ENVELOPE)
     async def web_reset(body: ResetRequest = Body(default_factory=ResetRequest)):
         return JSONResponse(*http_reply(await web.call("reset", body.model_dump(exclude_unset=True))))
-    @app.post("/web/step", tags=["Web Interface"], summary="Step the episode of the web routes", **ENVELOPE)
+    @app.post("/web/step", tags=["Web Interface"], summary="Step the routes' episode",
+              **ENVELOPE)
     async def web_step(body: StepRequest):
         extra = body.model_dump(exclude_unset=True, exclude={"action"})
         return JSONResponse(*http_reply(await web.call("step", body.action, **extra)))
-    @app.get("/web/state", tags=["Web Interface"], summary="State of the episode of the web routes")
+    @app.get("/web/state", tags=["Web Interface"], summary="State of the routes' episode")
     async def web_state():
         if not web.began:
-            why = "No episode yet: reset first (POST /web/reset, or Reset on the page /web/?join=http)"
+            why = "No episode yet: reset first (POST /web/reset, or Reset on /web/?join=http)"
             return JSONResponse({"detail": why}, 409)
         return JSONResponse(*http_reply(await web.call("state", {})))
 
 # %% ../nbs/05_web.ipynb #80a69123
 def add_web_interface(app: FastAPI, # an app with a `Hub` in `app.state.hub`, such as `create_app` makes
                       max_history: int = 100, # history entries each room keeps
-                      max_pages: int = 64, # pages that may be open at once (within the server's `max_connections`)
+                      max_pages: int = 64, # pages open at once (within `max_connections`)
                      ) -> WebRooms:
     "Serve the web interface on `app`: the page at `/web`, its socket `/ws/ui`, and the `/web/...` routes."
     rooms = app.state.web = WebRooms(app.state.hub, max_history, max_pages)
