@@ -102,7 +102,8 @@ def knobs_web(browser):
 
 @pytest.fixture
 def open_page(browser):
-    """Factory: `open_page(url)` gives a page on `url/web` (or at `url`, a page's address), connected; every page is closed after the test."""
+    """Factory: `open_page(url)` gives a page on `url/web` (or at `url`, a share link), connected;
+    every page is closed after the test."""
     from playwright.sync_api import expect
     ctx = browser.new_context(viewport={"width": 1280, "height": 860})
     errors = []
@@ -111,7 +112,7 @@ def open_page(browser):
         page.on("pageerror", lambda e: errors.append(str(e)))
         if sent is not None:  # record the frames the page sends on its sockets
             page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(json.loads(payload))))
-        page.goto(url if "/web" in url else url + "/web")  # a server's address, or a page's (a share link)
+        page.goto(url if "/web" in url else url + "/web")  # a server's address, or a share link
         expect(page.locator("#status")).to_have_text("live")
         return page
     yield make
@@ -161,9 +162,11 @@ def test_two_tabs_get_two_independent_episodes(open_page, echo_web):
     a, b = open_page(echo_web), open_page(echo_web)
     for page in (a, b):
         expect(page.locator("#pages")).to_have_text("1 page open")
-        expect(page.locator("#share-what")).to_have_text("Watch or drive this episode from another tab: ")
+        expect(page.locator("#share-what")).to_have_text(
+            "Watch or drive this episode from another tab: ")
     links = [p.locator("#share-link").get_attribute("href") for p in (a, b)]
-    assert links[0] != links[1] and all(re.fullmatch(re.escape(echo_web) + r"/web/\?join=[\w-]{12}", u) for u in links)
+    share = re.escape(echo_web) + r"/web/\?join=[\w-]{12}"
+    assert links[0] != links[1] and all(re.fullmatch(share, u) for u in links)
     a.click("#reset")
     a.fill("#field-message", "from page A")
     a.click("#step")
@@ -196,7 +199,7 @@ def test_a_tab_that_joins_by_the_share_link_sees_and_drives_the_same_episode(ope
     for page in (a, b):
         expect(page.locator("#pages")).to_have_text("2 pages open")
         expect(page.locator("#history tbody tr").nth(0)).to_contain_text("from page A")
-    expect(b.locator("#step")).to_have_class(re.compile(r"\bprimary\b"))  # the episode exists: B may step at once
+    expect(b.locator("#step")).to_have_class(re.compile(r"\bprimary\b"))  # B may step at once
     b.fill("#field-message", "and from B")
     b.click("#step")
     expect(a.locator("#history tbody tr").nth(0)).to_contain_text("and from B")
@@ -240,8 +243,9 @@ def test_a_page_beyond_capacity_is_told_what_to_do_and_may_join(open_page, brows
         ctx = browser.new_context()
         second = ctx.new_page()
         second.goto(url + "/web")
-        expect(second.locator("#message")).to_contain_text("CAPACITY_REACHED: Server at capacity: 1/1 environments")
-        expect(second.locator("#message")).to_contain_text("join an open episode with its share link")
+        message = second.locator("#message")
+        expect(message).to_contain_text("CAPACITY_REACHED: Server at capacity: 1/1 environments")
+        expect(message).to_contain_text("join an open episode with its share link")
         expect(second.locator("#status")).to_have_text("no room: click to retry")
         shot(second, "web-capacity.png")
         second.goto(link)  # joining needs no environment more
@@ -337,7 +341,7 @@ def test_required_fields_are_checked_before_a_step_is_sent(open_page, knobs_web)
     page = open_page(knobs_web, sent)
     page.click("#reset")
     expect(page.locator("#history tbody tr")).to_have_count(1)
-    expect(page.locator("[data-field=message] .req")).to_have_count(1)  # `message` has no default: the schema requires it
+    expect(page.locator("[data-field=message] .req")).to_have_count(1)  # no default: required
     page.click("#step")
     expect(page.locator("#error-field-message")).to_have_text("Required")
     assert page.get_attribute("#field-message", "aria-invalid") == "true"
@@ -353,7 +357,7 @@ def test_required_fields_are_checked_before_a_step_is_sent(open_page, knobs_web)
     page.click("#step")
     expect(page.locator("#observation")).to_contain_text("now now now")
     assert [f["type"] for f in sent] == ["reset", "state", "step"]
-    assert "code" not in sent[-1]["data"]  # an optional text field left empty is not sent: its default applies
+    assert "code" not in sent[-1]["data"]  # an empty optional field: its default
 
 
 def test_reset_is_the_primary_action_until_an_episode_exists(open_page, knobs_web):
@@ -364,12 +368,12 @@ def test_reset_is_the_primary_action_until_an_episode_exists(open_page, knobs_we
     expect(page.locator("#reset")).to_have_class(primary)
     expect(page.locator("#step")).not_to_have_class(primary)
     expect(page.locator("#step")).to_be_disabled()
-    expect(page.locator("#step")).to_have_attribute("title", "Reset first: there is no episode yet")
+    expect(page.locator("#step")).to_have_attribute("title", "Reset first: no episode yet")
     expect(page.locator("#step-hint")).to_contain_text("press Reset to start one")
     page.fill("#field-message", "too soon")
     page.press("#field-message", "Enter")
     page.press("#field-message", "Control+Enter")
-    expect(page.locator("#message")).to_have_text("Reset first: there is no episode yet.")
+    expect(page.locator("#message")).to_have_text("Reset first: no episode yet.")
     assert sent == [], sent
     shot(page, "web-before-reset.png")
     page.click("#reset")
@@ -487,7 +491,7 @@ def test_an_idle_page_is_let_go_and_comes_back_when_used(browser):
         expect(page.locator("#message")).to_contain_text("SESSION_ERROR: Page closed after 1 s without a message")
         first = page.locator("#share-link").get_attribute("href")
         page.click("h1")
-        expect(page.locator("#status")).to_have_text("live")  # its room ended with it: a new one, and it says so
+        expect(page.locator("#status")).to_have_text("live")  # a new room, and it says so
         expect(page.locator("#notice")).to_have_text(
             "The episode this page was in has ended (its last page closed): this is a new one.")
         assert page.locator("#share-link").get_attribute("href") != first

@@ -1,5 +1,6 @@
-// openenv-nb web interface: a form built from the action schema, driving this page's room (its episode) over /ws/ui.
-// A page gets a room of its own; it joins another's only on purpose, by the share link (/web/?join=ID).
+// openenv-nb web interface: a form built from the action schema, driving this page's room (its
+// episode) over /ws/ui. A page gets a room of its own; it joins another's only on purpose, by the
+// share link (/web/?join=ID).
 // Plain JavaScript, no framework, nothing fetched from the internet. Data is always set as text, never as HTML.
 (() => {
   "use strict";
@@ -16,7 +17,7 @@
 
   const ui = { fields: [], resetFields: [], tools: [], tool: "", actionFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
                idle: false, token: "", room: null, began: false, busy: false, full: false };
-  const JOIN = new URLSearchParams(location.search).get("join");  // the room this page was opened to join
+  const JOIN = new URLSearchParams(location.search).get("join");  // the room it was opened for
   const AUTH = document.body.dataset.auth === "bearer";  // the server asks for a token (set by the server in the page)
   const TOKEN_KEY = "openenv-nb-token", IDLE = 4000;  // where the tab keeps the token; the close code of an idle page
 
@@ -43,7 +44,7 @@
       throw new Error("Required");
     }
     if (isText) {
-      if (s === "") {  // an empty text field is not filled in: a required one is marked, and nothing is sent
+      if (s === "") {  // nothing typed: a required field is marked, and nothing is sent
         if (!spec.required) return OMIT;
         if (spec.nullable) return null;
         throw new Error("Required");
@@ -214,10 +215,13 @@
 
   function wsURL() {
     const room = ui.room || JOIN, q = room ? `?join=${encodeURIComponent(room)}` : "";
-    return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${basePath()}/ws/ui${q}`;
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    return `${scheme}//${location.host}${basePath()}/ws/ui${q}`;
   }
 
-  function shareURL(room) { return `${location.origin}${basePath()}/web/?join=${encodeURIComponent(room)}`; }
+  function shareURL(room) {
+    return `${location.origin}${basePath()}/web/?join=${encodeURIComponent(room)}`;
+  }
 
   // ---- the token: asked once, kept for the tab (sessionStorage), sent as a subprotocol (a page cannot set headers) ----
   function storedToken() {
@@ -266,12 +270,12 @@
     renderButtons();
   }
 
-  function renderButtons() {  // Reset leads until an episode exists (and again once it is done); then Step
+  function renderButtons() {  // Reset leads until an episode exists (or is done)
     const last = ui.history[0], fresh = !ui.began || !!(last && last.done), step = $("#step");
     $("#reset").classList.toggle("primary", fresh);
     step.classList.toggle("primary", !fresh);
     step.disabled = ui.busy || !ui.began;
-    step.title = ui.began ? `${step.textContent} (Ctrl+Enter)` : "Reset first: there is no episode yet";
+    step.title = ui.began ? `${step.textContent} (Ctrl+Enter)` : "Reset first: no episode yet";
     $("#step-hint").hidden = ui.began;
   }
 
@@ -293,7 +297,7 @@
       if (ui.ws !== ws) return;
       setStatus(false); ui.waiting.clear(); setBusy(false);
       if (ev.code === IDLE) { ui.idle = true; return setStatus(false, "idle: click to reconnect"); }  // no retry until used
-      if (ui.full) { ui.idle = true; return setStatus(false, "no room: click to retry"); }  // refused: retry when used
+      if (ui.full) { ui.idle = true; return setStatus(false, "no room: click to retry"); }
       if (!opened && AUTH) return checkToken();
       retryLater();
     };
@@ -315,7 +319,7 @@
       }
       case "state": setRaw(m); return showState(m.data);
       case "error":
-        if (!reply && m.data && m.data.code === "CAPACITY_REACHED") ui.full = true;  // the page was refused
+        if (!reply && m.data && m.data.code === "CAPACITY_REACHED") ui.full = true;  // refused
         setRaw(m); return showError(m.data);
     }
   }
@@ -364,11 +368,12 @@
     renderEpisode(d.episode);
   }
 
-  function renderRoom(room, notice) {  // the share link of the page's episode, and why it is a new one if it is
+  function renderRoom(room, notice) {  // the share link; why it is new, if it is
     const link = $("#share-link"), url = shareURL(room);
     link.href = url; link.textContent = url;
     $("#share-what").textContent = room === "http"
-      ? "This page drives the episode of the HTTP routes (/web/reset, /web/step); watch or drive it from another tab: "
+      ? "This page drives the episode of the HTTP routes (/web/reset, /web/step); "
+        + "watch or drive it from another tab: "
       : "Watch or drive this episode from another tab: ";
     $("#room").hidden = false;
     $("#notice").textContent = notice || "";
@@ -536,7 +541,7 @@
   // ---- buttons ----
   $("#action-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    if (!ui.began) return showMessage("Reset first: there is no episode yet.");
+    if (!ui.began) return showMessage("Reset first: no episode yet.");
     const [action, errors] = collect(ui.fields, "field-");
     if (Object.keys(errors).length) return;   // shown beside the fields; nothing is sent
     send("step", ui.tool ? { type: "call_tool", tool_name: ui.tool, arguments: action } : action);
