@@ -109,7 +109,7 @@ def _text(spec: dict, # a text field from `form_fields`
           s: str # what was typed
          ) -> str | _Omit:
     "`s` checked against the field's lengths and pattern."
-    if s == "" and not spec["required"]: return OMIT
+    if s == "": return _empty(spec)  # nothing typed is no value, even for a string
     if "minLength" in spec and len(s) < spec["minLength"]: raise ValueError(f"At least {spec['minLength']} characters")
     if "maxLength" in spec and len(s) > spec["maxLength"]: raise ValueError(f"At most {spec['maxLength']} characters")
     if "pattern" in spec and not _matches(spec["pattern"], s): raise ValueError(f"Must match {spec['pattern']}")

@@ -96,7 +96,8 @@ def knobs_web(browser):
 
 @pytest.fixture
 def open_page(browser):
-    """Factory: `open_page(url)` gives a page on `url/web`, connected; every page is closed after the test."""
+    """Factory: `open_page(url)` gives a page on `url/web` (or at `url`, a share link), connected;
+    every page is closed after the test."""
     from playwright.sync_api import expect
     ctx = browser.new_context(viewport={"width": 1280, "height": 860})
     errors = []
@@ -105,7 +106,7 @@ def open_page(browser):
         page.on("pageerror", lambda e: errors.append(str(e)))
         if sent is not None:  # record the frames the page sends on its sockets
             page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(json.loads(payload))))
-        page.goto(url + "/web")
+        page.goto(url if "/web" in url else url + "/web")  # a server's address, or a share link
         expect(page.locator("#status")).to_have_text("live")
         return page
     yield make
@@ -150,26 +151,102 @@ def test_step_shows_observation_and_history(open_page, echo_web):
     shot(page, "web-echo.png")
 
 
-def test_two_pages_both_update(open_page, echo_web):
+def test_two_tabs_get_two_independent_episodes(open_page, echo_web):
     from playwright.sync_api import expect
     a, b = open_page(echo_web), open_page(echo_web)
-    expect(a.locator("#pages")).to_have_text("2 pages open")
+    for page in (a, b):
+        expect(page.locator("#pages")).to_have_text("1 page open")
+        expect(page.locator("#share-what")).to_have_text(
+            "Watch or drive this episode from another tab: ")
+    links = [p.locator("#share-link").get_attribute("href") for p in (a, b)]
+    share = re.escape(echo_web) + r"/web/\?join=[\w-]{12}"
+    assert links[0] != links[1] and all(re.fullmatch(share, u) for u in links)
     a.click("#reset")
     a.fill("#field-message", "from page A")
     a.click("#step")
+    expect(a.locator("#history tbody tr")).to_have_count(2)
+    b.click("#state")  # a round trip: B's episode never began, and A's step is not in it
+    expect(b.locator("#state-view")).to_contain_text('"step_count": 0')
+    expect(b.locator("#history tbody tr")).to_have_count(0)
+    expect(b.locator("#observation")).to_contain_text("No episode yet")
+    b.click("#reset")
+    b.fill("#field-message", "from page B")
+    b.click("#step")
+    expect(b.locator("#history tbody tr")).to_have_count(2)
+    expect(b.locator("#history tbody tr").nth(0)).to_contain_text("from page B")
+    expect(a.locator("#history tbody tr").nth(0)).to_contain_text("from page A")
+    expect(a.locator("#history")).not_to_contain_text("from page B")
+    expect(a.locator("#stat-step")).to_have_text("1")
+    shot(b, "web-own-episode.png")
+
+
+def test_a_tab_that_joins_by_the_share_link_sees_and_drives_the_same_episode(open_page, echo_web):
+    from playwright.sync_api import expect
+    a = open_page(echo_web)
+    link = a.locator("#share-link").get_attribute("href")
+    a.click("#reset")
+    a.fill("#field-message", "from page A")
+    a.click("#step")
+    expect(a.locator("#history tbody tr")).to_have_count(2)
+    b = open_page(link)
+    expect(b.locator("#share-link")).to_have_attribute("href", link)
     for page in (a, b):
-        expect(page.locator("#observation")).to_contain_text("from page A")
+        expect(page.locator("#pages")).to_have_text("2 pages open")
         expect(page.locator("#history tbody tr").nth(0)).to_contain_text("from page A")
+    expect(b.locator("#step")).to_have_class(re.compile(r"\bprimary\b"))  # B may step at once
     b.fill("#field-message", "and from B")
     b.click("#step")
     expect(a.locator("#history tbody tr").nth(0)).to_contain_text("and from B")
     expect(a.locator("#history tbody tr")).to_have_count(3)
     expect(a.locator("#stat-step")).to_have_text("2")
+    a.fill("#field-message", "A again")
+    a.click("#step")
+    expect(b.locator("#observation")).to_contain_text("A again")
     b.close()
     expect(a.locator("#pages")).to_have_text("1 page open")
-    c = open_page(echo_web)  # a page opened later gets the history so far
-    expect(c.locator("#history tbody tr")).to_have_count(3)
-    expect(c.locator("#observation")).to_contain_text("and from B")
+    c = open_page(link)  # a page opened later with the link gets the history so far
+    expect(c.locator("#history tbody tr")).to_have_count(4)
+    expect(c.locator("#observation")).to_contain_text("A again")
+    expect(c.locator("#notice")).to_be_hidden()
+    shot(c, "web-joined.png")
+
+
+def test_a_page_may_join_the_episode_of_the_http_routes(open_page, browser):
+    import httpx
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(KnobsEnv, web=True)) as url:
+        httpx.post(url + "/web/reset", json={"episode_id": "script"})
+        httpx.post(url + "/web/step", json={"action": {"message": "set up", "count": 1}})
+        page = open_page(url + "/web/?join=http")
+        expect(page.locator("#share-what")).to_contain_text("the episode of the HTTP routes")
+        expect(page.locator("#history tbody tr")).to_have_count(2)
+        expect(page.locator("#stat-episode")).to_have_text("script")
+        httpx.post(url + "/web/step", json={"action": {"message": "live", "count": 1}})
+        expect(page.locator("#observation")).to_contain_text("live")
+        page.fill("#field-message", "from the page")
+        page.click("#step")
+        expect(page.locator("#history tbody tr")).to_have_count(4)
+        assert httpx.get(url + "/web/state").json() == {"episode_id": "script", "step_count": 3}
+
+
+def test_a_page_beyond_capacity_is_told_what_to_do_and_may_join(open_page, browser):
+    from playwright.sync_api import expect
+    with serve_in_thread(create_app(KnobsEnv, web=True, max_concurrent_envs=1)) as url:
+        first = open_page(url)
+        link = first.locator("#share-link").get_attribute("href")
+        ctx = browser.new_context()
+        second = ctx.new_page()
+        second.goto(url + "/web")
+        message = second.locator("#message")
+        expect(message).to_contain_text("CAPACITY_REACHED: Server at capacity: 1/1 environments")
+        expect(message).to_contain_text("join an open episode with its share link")
+        expect(second.locator("#status")).to_have_text("no room: click to retry")
+        shot(second, "web-capacity.png")
+        second.goto(link)  # joining needs no environment more
+        expect(second.locator("#status")).to_have_text("live")
+        expect(second.locator("#pages")).to_have_text("2 pages open")
+        expect(second.locator("#message")).to_be_hidden()
+        ctx.close()
 
 
 def test_page_never_touches_other_sessions(open_page, echo_web):
@@ -179,9 +256,10 @@ def test_page_never_touches_other_sessions(open_page, echo_web):
         trainer.step({"message": "mine"})
         page = open_page(echo_web)
         page.click("#reset")
-        for _ in range(3):
+        page.fill("#field-message", "page")
+        for n in range(3):
             page.click("#step")
-        expect(page.locator("#stat-step")).to_have_text("3")
+            expect(page.locator("#stat-step")).to_have_text(str(n + 1))
         assert trainer.state() == {"episode_id": "trainer", "step_count": 1}
         assert page.locator("#stat-episode").text_content() != "trainer"
 
@@ -249,6 +327,60 @@ def test_invalid_values_are_shown_and_not_sent(open_page, knobs_web):
     expect(page.locator("#observation")).to_contain_text("hi hi hi hi")
     assert [f["type"] for f in sent] == ["reset", "state", "step"]
     assert sent[-1]["data"] == {"message": "hi", "count": 4, "scale": 0.5, "loud": False, "mode": "plain", "tags": []}
+
+
+def test_required_fields_are_checked_before_a_step_is_sent(open_page, knobs_web):
+    from playwright.sync_api import expect
+    sent = []
+    page = open_page(knobs_web, sent)
+    page.click("#reset")
+    expect(page.locator("#history tbody tr")).to_have_count(1)
+    expect(page.locator("[data-field=message] .req")).to_have_count(1)  # no default: required
+    page.click("#step")
+    expect(page.locator("#error-field-message")).to_have_text("Required")
+    assert page.get_attribute("#field-message", "aria-invalid") == "true"
+    assert page.evaluate("document.activeElement.id") == "field-message"
+    page.press("#field-message", "Enter")  # the keyboard path is checked the same way
+    page.click("#state")  # a round trip: a step sent before it would be recorded before it
+    expect(page.locator("#state-view")).to_contain_text('"step_count": 0')
+    assert [f["type"] for f in sent] == ["reset", "state"], sent
+    shot(page, "web-required.png")
+    page.fill("#field-message", "x")
+    expect(page.locator("#error-field-message")).to_have_text("")
+    page.fill("#field-message", "now")
+    page.click("#step")
+    expect(page.locator("#observation")).to_contain_text("now now now")
+    assert [f["type"] for f in sent] == ["reset", "state", "step"]
+    assert "code" not in sent[-1]["data"]  # an empty optional field: its default
+
+
+def test_reset_is_the_primary_action_until_an_episode_exists(open_page, knobs_web):
+    from playwright.sync_api import expect
+    primary = re.compile(r"\bprimary\b")
+    sent = []
+    page = open_page(knobs_web, sent)
+    expect(page.locator("#reset")).to_have_class(primary)
+    expect(page.locator("#step")).not_to_have_class(primary)
+    expect(page.locator("#step")).to_be_disabled()
+    expect(page.locator("#step")).to_have_attribute("title", "Reset first: no episode yet")
+    expect(page.locator("#step-hint")).to_contain_text("press Reset to start one")
+    page.fill("#field-message", "too soon")
+    page.press("#field-message", "Enter")
+    page.press("#field-message", "Control+Enter")
+    expect(page.locator("#message")).to_have_text("Reset first: no episode yet.")
+    assert sent == [], sent
+    shot(page, "web-before-reset.png")
+    page.click("#reset")
+    expect(page.locator("#step")).to_have_class(primary)
+    expect(page.locator("#reset")).not_to_have_class(primary)
+    expect(page.locator("#step")).to_be_enabled()
+    expect(page.locator("#step-hint")).to_be_hidden()
+    page.fill("#field-count", "0")  # a step that ends the episode: Reset leads again
+    page.click("#step")
+    expect(page.locator("#stat-done")).to_have_text("yes")
+    expect(page.locator("#reset")).to_have_class(primary)
+    expect(page.locator("#step")).not_to_have_class(primary)
+    assert [f["type"] for f in sent] == ["reset", "step"]
 
 
 def test_server_errors_are_shown(open_page, knobs_web):
@@ -351,8 +483,12 @@ def test_an_idle_page_is_let_go_and_comes_back_when_used(browser):
         page.goto(url + "/web")
         expect(page.locator("#status")).to_have_text("idle: click to reconnect", timeout=15_000)
         expect(page.locator("#message")).to_contain_text("SESSION_ERROR: Page closed after 1 s without a message")
+        first = page.locator("#share-link").get_attribute("href")
         page.click("h1")
-        expect(page.locator("#status")).to_have_text("live")
+        expect(page.locator("#status")).to_have_text("live")  # a new room, and it says so
+        expect(page.locator("#notice")).to_have_text(
+            "The episode this page was in has ended (its last page closed): this is a new one.")
+        assert page.locator("#share-link").get_attribute("href") != first
 
 
 # ---- a tool environment, images, rubric components, parity with OpenEnv's page ----
@@ -422,6 +558,7 @@ def test_tool_errors_show_in_the_history(open_page):
         page.evaluate("""() => { const s = document.querySelector('#tool'); const o = document.createElement('option');
                                  o.value = o.textContent = 'no_such_tool'; s.append(o); s.value = 'no_such_tool';
                                  s.dispatchEvent(new Event('change')); }""")
+        page.fill("#field-tool_name", "no_such_tool")  # required: an empty one would not be sent
         page.click("#step")
         row = page.locator("#history tbody tr").nth(0)
         expect(row).to_have_class(re.compile(r"\bfailed\b"))  # an unknown tool: the page falls back on the raw call_tool form

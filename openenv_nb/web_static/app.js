@@ -1,4 +1,6 @@
-// openenv-nb web interface: a form built from the action schema, driving the server's page episode over /ws/ui.
+// openenv-nb web interface: a form built from the action schema, driving this page's room (its
+// episode) over /ws/ui. A page gets a room of its own; it joins another's only on purpose, by the
+// share link (/web/?join=ID).
 // Plain JavaScript, no framework, nothing fetched from the internet. Data is always set as text, never as HTML.
 (() => {
   "use strict";
@@ -14,7 +16,8 @@
   };
 
   const ui = { fields: [], resetFields: [], tools: [], tool: "", actionFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
-               idle: false, token: "" };
+               idle: false, token: "", room: null, began: false, busy: false, full: false };
+  const JOIN = new URLSearchParams(location.search).get("join");  // the room it was opened for
   const AUTH = document.body.dataset.auth === "bearer";  // the server asks for a token (set by the server in the page)
   const TOKEN_KEY = "openenv-nb-token", IDLE = 4000;  // where the tab keeps the token; the close code of an idle page
 
@@ -41,7 +44,11 @@
       throw new Error("Required");
     }
     if (isText) {
-      if (s === "" && !spec.required) return OMIT;
+      if (s === "") {  // nothing typed: a required field is marked, and nothing is sent
+        if (!spec.required) return OMIT;
+        if (spec.nullable) return null;
+        throw new Error("Required");
+      }
       if (spec.minLength != null && chars(s) < spec.minLength) throw new Error(`At least ${spec.minLength} characters`);
       if (spec.maxLength != null && chars(s) > spec.maxLength) throw new Error(`At most ${spec.maxLength} characters`);
       if (spec.pattern != null && !matches(spec.pattern, s)) throw new Error(`Must match ${spec.pattern}`);
@@ -165,6 +172,7 @@
     $("#tool").value = ui.tool;
     $("#tool-about").replaceChildren(...prose(t ? t.description : ""));
     $("#step").textContent = ui.tool ? "Call" : "Step";
+    renderButtons();
     renderFields($("#fields"), ui.fields, "field-");
   }
 
@@ -205,7 +213,15 @@
   // ---- talking to the server ----
   function basePath() { return location.pathname.replace(/\/web\/?$/, "").replace(/\/+$/, ""); }
 
-  function wsURL() { return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}${basePath()}/ws/ui`; }
+  function wsURL() {
+    const room = ui.room || JOIN, q = room ? `?join=${encodeURIComponent(room)}` : "";
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    return `${scheme}//${location.host}${basePath()}/ws/ui${q}`;
+  }
+
+  function shareURL(room) {
+    return `${location.origin}${basePath()}/web/?join=${encodeURIComponent(room)}`;
+  }
 
   // ---- the token: asked once, kept for the tab (sessionStorage), sent as a subprotocol (a page cannot set headers) ----
   function storedToken() {
@@ -248,12 +264,25 @@
     ui.ws.send(JSON.stringify(frame));
   }
 
-  function setBusy(busy) { for (const b of document.querySelectorAll(".buttons button")) b.disabled = busy; }
+  function setBusy(busy) {
+    ui.busy = busy;
+    for (const b of document.querySelectorAll(".buttons button")) b.disabled = busy;
+    renderButtons();
+  }
+
+  function renderButtons() {  // Reset leads until an episode exists (or is done)
+    const last = ui.history[0], fresh = !ui.began || !!(last && last.done), step = $("#step");
+    $("#reset").classList.toggle("primary", fresh);
+    step.classList.toggle("primary", !fresh);
+    step.disabled = ui.busy || !ui.began;
+    step.title = ui.began ? `${step.textContent} (Ctrl+Enter)` : "Reset first: no episode yet";
+    $("#step-hint").hidden = ui.began;
+  }
 
   function retryLater() { setTimeout(connect, Math.min(5000, 300 * 2 ** ui.retry++)); }
 
   function connect() {
-    ui.idle = false;
+    ui.idle = false; ui.full = false;
     if (AUTH && !storedToken()) return askToken("");
     const ws = AUTH ? new WebSocket(wsURL(), ["openenv", `openenv.bearer.${b64url(storedToken())}`]) : new WebSocket(wsURL());
     let opened = false;
@@ -268,6 +297,7 @@
       if (ui.ws !== ws) return;
       setStatus(false); ui.waiting.clear(); setBusy(false);
       if (ev.code === IDLE) { ui.idle = true; return setStatus(false, "idle: click to reconnect"); }  // no retry until used
+      if (ui.full) { ui.idle = true; return setStatus(false, "no room: click to retry"); }
       if (!opened && AUTH) return checkToken();
       retryLater();
     };
@@ -288,7 +318,9 @@
         return reply && reply(m);
       }
       case "state": setRaw(m); return showState(m.data);
-      case "error": setRaw(m); return showError(m.data);
+      case "error":
+        if (!reply && m.data && m.data.code === "CAPACITY_REACHED") ui.full = true;  // refused
+        setRaw(m); return showError(m.data);
     }
   }
 
@@ -329,11 +361,27 @@
       ui.form = form;
     }
     setPages(d.pages);
+    hideMessage();  // a snapshot comes on (re)connecting: what went wrong before is over
+    ui.room = d.room; ui.began = !!d.began;
+    renderRoom(d.room, d.notice);
     ui.history = d.history.slice();
     renderEpisode(d.episode);
   }
 
+  function renderRoom(room, notice) {  // the share link; why it is new, if it is
+    const link = $("#share-link"), url = shareURL(room);
+    link.href = url; link.textContent = url;
+    $("#share-what").textContent = room === "http"
+      ? "This page drives the episode of the HTTP routes (/web/reset, /web/step); "
+        + "watch or drive it from another tab: "
+      : "Watch or drive this episode from another tab: ";
+    $("#room").hidden = false;
+    $("#notice").textContent = notice || "";
+    $("#notice").hidden = !notice;
+  }
+
   function update(d) {
+    ui.began = true;
     if (d.entry.kind === "reset") ui.history = [];
     ui.history.unshift(d.entry);
     ui.history.length = Math.min(ui.history.length, ui.maxHistory);
@@ -359,6 +407,7 @@
     $("#stat-episode").textContent = (ep && ep.episode_id) || "–";
     $("#stat-episode").title = (ep && ep.episode_id) || "";
     renderObservation(last);
+    renderButtons();
     if (last && !fresh) setRaw(replyOf(last));
     renderPlot();
     renderHistory(fresh);
@@ -492,6 +541,7 @@
   // ---- buttons ----
   $("#action-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
+    if (!ui.began) return showMessage("Reset first: no episode yet.");
     const [action, errors] = collect(ui.fields, "field-");
     if (Object.keys(errors).length) return;   // shown beside the fields; nothing is sent
     send("step", ui.tool ? { type: "call_tool", tool_name: ui.tool, arguments: action } : action);
