@@ -259,7 +259,7 @@ def test_idle_batch_connections_and_pages_count_and_are_capped():
                 for ws in held: await ws.close()
             return health, refused
         health, refused = asyncio.run(go())
-        assert (health["connections"], health["max_connections"], health["active_sessions"]) == (4, 4, 0)
+        assert (health["connections"], health["max_connections"], health["active_sessions"]) == (4, 4, 1)  # the page's room
         assert refused == [503, 503]
         assert until(lambda: requests.get(url + "/health", timeout=10).json()["connections"] == 0)
         assert asyncio.run(handshake(page_url(url)))["type"] == "snapshot"
