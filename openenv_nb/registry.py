@@ -25,26 +25,38 @@ from .environment import env_types
 from .images import default_tag, is_builtin
 from .manifest import MANIFEST, Manifest, ManifestError, load_manifest
 from .push import REPO_RE, space_host
-from .targets import (BUILTINS, FAMILIES, NAMES, TargetError, family, family_loader, installed, load_target,
+from .targets import (BUILTINS, FAMILIES, NAMES, TargetError, family, family_loader,
+                                installed, load_target,
                                 named)
 
 # %% ../nbs/16_registry.ipynb #b3e28d2a
 FAMILY_USAGE = {  # family -> (how its names are written, an example target, what it serves)
-    "gym": ("gym:ID", "gym:CartPole-v1", "Any registered Gymnasium environment by id; options after ?, e.g. gym:FrozenLake-v1?is_slippery=false"),
-    "openspiel": ("openspiel:GAME", "openspiel:catch", "An OpenSpiel game against built-in opponents: catch, tic_tac_toe, blackjack, 2048, ..."),
-    "textarena": ("textarena:ID", "textarena:Sudoku-v0", "A TextArena game played in text, turn by turn: Sudoku-v0, Wordle-v0 (with NLTK's data), ..."),
-    "chess": ("chess", "chess", "Chess against a built-in opponent (random, or a small search); moves in UCI or SAN"),
+    "gym": ("gym:ID", "gym:CartPole-v1", "Any registered Gymnasium environment by id; options "
+                                         "after ?, e.g. gym:FrozenLake-v1?is_slippery=false"),
+    "openspiel": ("openspiel:GAME", "openspiel:catch",
+                  "An OpenSpiel game against built-in opponents: catch, tic_tac_toe, blackjack, "
+                  "2048, ..."),
+    "textarena": ("textarena:ID", "textarena:Sudoku-v0",
+                  "A TextArena game played in text, turn by turn: Sudoku-v0, Wordle-v0 (with "
+                  "NLTK's data), ..."),
+    "chess": ("chess", "chess", "Chess against a built-in opponent (random, or a small search); "
+                                "moves in UCI or SAN"),
 }
 
 # %% ../nbs/16_registry.ipynb #0e2913c6
 class EnvEntry(BaseModel):
     "One environment that `openenv list` shows: what to call it, where it comes from, what it does and takes."
-    name: str = Field(description="What to ask for: `AutoEnv.from_name(name)`; for a family, how its names are written")
+    name: str = Field(description="What to ask for: `AutoEnv.from_name(name)`; for a family, how "
+                                  "its names are written")
     target: str = Field(description="What `openenv serve` serves for it (for a family, an example)")
-    source: str = Field(description="Where it comes from: `built-in`, an extra such as `openenv-nb[gym]`, or a package and its version")
+    source: str = Field(description="Where it comes from: `built-in`, an extra such as "
+                                    "`openenv-nb[gym]`, or a package and its version")
     description: str = Field(default="", description="What it does, in a line")
-    action: dict[str, str] = Field(default_factory=dict, description="The action's fields, each with its JSON type")
-    problem: str | None = Field(default=None, description="Why it cannot be served here (a missing extra, an import error); `None` when it can")
+    action: dict[str, str] = Field(default_factory=dict,
+                                   description="The action's fields, each with its JSON type")
+    problem: str | None = Field(default=None,
+                                description="Why it cannot be served here (a missing extra, an "
+                                            "import error); `None` when it can")
 
 # %% ../nbs/16_registry.ipynb #4ed8584e
 def json_type(prop: dict # a property of a JSON schema
@@ -62,7 +74,8 @@ def action_fields(obj: Any # an `Environment` class, a factory annotated with on
     "The fields of the action `obj` takes, each with its JSON type; empty when `obj` does not say (an app, say)."
     act = env_types(obj)[0] if isinstance(obj, type) or inspect.isfunction(obj) else None
     if not (isinstance(act, type) and issubclass(act, BaseModel)): return {}
-    return {k: json_type(p) for k, p in act.model_json_schema().get("properties", {}).items() if k != "metadata"}
+    return {k: json_type(p) for k, p in act.model_json_schema().get("properties", {}).items()
+            if k != "metadata"}
 
 # %% ../nbs/16_registry.ipynb #79ed9715
 def _doc(obj: Any) -> str:
@@ -77,8 +90,10 @@ def describe(name: str, # what the entry is called
             ) -> EnvEntry:
     "The entry of `target`, loaded to read its action; when it cannot be loaded, the reason in `problem`."
     try: obj = load_target(target)
-    except TargetError as e: return EnvEntry(name=name, target=target, source=source, description=about or "", problem=str(e))
-    return EnvEntry(name=name, target=target, source=source, description=about or _doc(obj), action=action_fields(obj))
+    except TargetError as e: return EnvEntry(name=name, target=target, source=source,
+                                             description=about or "", problem=str(e))
+    return EnvEntry(name=name, target=target, source=source, description=about or _doc(obj),
+                    action=action_fields(obj))
 
 # %% ../nbs/16_registry.ipynb #82428484
 def _source(ep: metadata.EntryPoint) -> str:
@@ -89,7 +104,8 @@ def _source(ep: metadata.EntryPoint) -> str:
 def list_envs() -> list[EnvEntry]:
     "Every environment known here: the built-ins, each family, the short names, and what installed packages declare."
     rows = [describe(n, n, "built-in") for n in BUILTINS]
-    rows += [describe(names, example, f"openenv-nb[{p}]", about) for p, (names, example, about) in FAMILY_USAGE.items()]
+    rows += [describe(names, example, f"openenv-nb[{p}]", about)
+             for p, (names, example, about) in FAMILY_USAGE.items()]
     rows += [describe(n, t, f"openenv-nb[{family(t)[0]}]") for n, t in NAMES.items()]
     return rows + [describe(ep.name, ep.value, _source(ep)) for ep in installed()]
 
@@ -98,7 +114,8 @@ def format_table(entries: list[EnvEntry] # from `list_envs`
                 ) -> str:
     "The entries as a table a person reads: name, where from, the action's fields, and what it does or why it cannot run here."
     rows = [("NAME", "FROM", "ACTION", "DESCRIPTION")]
-    rows += [(e.name, e.source, ", ".join(e.action) or "-", e.description if e.problem is None else f"unavailable: {e.problem}")
+    rows += [(e.name, e.source, ", ".join(e.action) or "-", e.description if e.problem is None
+              else f"unavailable: {e.problem}")
              for e in entries]
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}".rstrip() for a, b, c, d in rows)
@@ -107,7 +124,8 @@ def format_table(entries: list[EnvEntry] # from `list_envs`
 def family_names(prefix: str # a family, a key of `FAMILIES`
                 ) -> list[str]:
     "The targets family `prefix` serves here, e.g. `gym:CartPole-v1`; a `TargetError` when it is unknown or not installed."
-    if prefix not in FAMILIES: raise TargetError(f"no family {prefix!r}: the families are {', '.join(FAMILIES)}")
+    if prefix not in FAMILIES: raise TargetError(f"no family {prefix!r}: the families are "
+                                                 f"{', '.join(FAMILIES)}")
     module = sys.modules[family_loader(prefix).__module__]
     return [f"{prefix}:{n}" for n in getattr(module, f"{prefix}_names")()]
 
@@ -117,12 +135,15 @@ def lookup(name: str # a name that `openenv list` shows, or a family's target su
     "The target `name` stands for: a built-in's or a family's as it is, a short name's, or what an installed package declares."
     if name in BUILTINS or family(name): return name
     if full := named(name): return full
-    raise TargetError(f"no environment is called {name!r} here: `openenv list` shows those there are")
+    raise TargetError(f"no environment is called {name!r} here: `openenv list` shows those there "
+                      "are")
 
 # %% ../nbs/16_registry.ipynb #f643b4e4
 class AutoEnv:
     "Clients of environments found by name (`AutoEnv.from_name`) or on the Hugging Face Hub (`AutoEnv.from_hub`)."
-    def __init__(self, *args, **kwargs): raise TypeError("AutoEnv makes clients: call AutoEnv.from_name(...) or AutoEnv.from_hub(...)")
+    def __init__(self, *args, **kwargs): raise TypeError("AutoEnv makes clients: call "
+                                                         "AutoEnv.from_name(...) or "
+                                                         "AutoEnv.from_hub(...)")
 
 # %% ../nbs/16_registry.ipynb #a5932cbf
 def image_for(target: str, # a target, as `lookup` gives it
@@ -146,7 +167,8 @@ def from_name(cls: AutoEnv, name: str, # a name `openenv list` shows, or a famil
     if provider == "local": return client.from_local(target, **kwargs)
     if provider != "docker": raise ValueError(f"provider is 'local' or 'docker', not {provider!r}")
     image, env_vars = image_for(target, image)
-    return client.from_docker_image(image, env_vars={**(kwargs.pop("env_vars", None) or {}), **env_vars}, **kwargs)
+    return client.from_docker_image(image, env_vars={**(kwargs.pop("env_vars", None) or {}),
+                                                     **env_vars}, **kwargs)
 
 # %% ../nbs/16_registry.ipynb #3747b5dd
 class SpaceError(RuntimeError):
@@ -157,9 +179,11 @@ def _hub_error(repo_id: str, e: Exception) -> SpaceError:
     "What went wrong asking the Hub about Space `repo_id`, as a `SpaceError` that says what to do."
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
     if isinstance(e, RepositoryNotFoundError):
-        return SpaceError(f"no Space {repo_id} on the Hub, or it is private and no token with access was given (token=, HF_TOKEN, or `hf auth login`)")
+        return SpaceError(f"no Space {repo_id} on the Hub, or it is private and no token with "
+                          "access was given (token=, HF_TOKEN, or `hf auth login`)")
     if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
-        return SpaceError(f"Space {repo_id} holds no {MANIFEST}, so it is not an OpenEnv environment (`openenv push` puts one there)")
+        return SpaceError(f"Space {repo_id} holds no {MANIFEST}, so it is not an OpenEnv "
+                          "environment (`openenv push` puts one there)")
     return SpaceError(f"asking the Hub about Space {repo_id} failed: {type(e).__name__}: {e}")
 
 # %% ../nbs/16_registry.ipynb #1c15a187
@@ -184,13 +208,16 @@ def space_manifest(repo_id: str, # the Space, `ORG/NAME`
     except ManifestError as e: raise SpaceError(f"Space {repo_id}: {e}") from e
 
 # %% ../nbs/16_registry.ipynb #0d07f767
-STOPPED = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "PAUSED", "STOPPED", "DELETING")  # stages without an app
+# stages without an app
+STOPPED = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "PAUSED", "STOPPED",
+           "DELETING")
 
 def space_url(info # `huggingface_hub`'s `SpaceInfo` of the Space
              ) -> str:
     "Where the app of the Space `info` describes answers; a `SpaceError` when the Hub says none is running."
     stage = info.runtime.stage if info.runtime else None
-    if stage in STOPPED: raise SpaceError(f"Space {info.id} is not running ({stage}): see it on the Hub, or serve its code here with local=True")
+    if stage in STOPPED: raise SpaceError(f"Space {info.id} is not running ({stage}): see it on "
+                                          "the Hub, or serve its code here with local=True")
     return info.host or space_host(info.id)
 
 # %% ../nbs/16_registry.ipynb #8f6da4ca
@@ -211,7 +238,8 @@ def _client_at(client: type[EnvClient], # the client class
     "A `client` of the server at `url`, sending `auth` over any `headers` in `kwargs`; a `SpaceError` when `client` cannot send them."
     if not auth: return client(url, **kwargs)
     if "headers" not in inspect.signature(client).parameters:
-        raise SpaceError(f"the Space is private, and {client.__name__} cannot send its token (it takes no headers=)")
+        raise SpaceError(f"the Space is private, and {client.__name__} cannot send its token (it "
+                         "takes no headers=)")
     return client(url, **{**kwargs, "headers": {**(kwargs.get("headers") or {}), **auth}})
 
 # %% ../nbs/16_registry.ipynb #f325940a
@@ -221,7 +249,8 @@ def trust_space(repo_id: str, # the Space, `ORG/NAME`
                ):
     "Refuse to run the code of Space `repo_id` on this machine, unless told `trust_remote_code=True`."
     if not trust_remote_code:
-        raise SpaceError(f"Space {repo_id} would run its own code on this machine ({MANIFEST} app: {m.app}); "
+        raise SpaceError(f"Space {repo_id} would run its own code on this machine ({MANIFEST} app: "
+                         f"{m.app}); "
                          "if you trust it, pass trust_remote_code=True")
 
 # %% ../nbs/16_registry.ipynb #0005f463

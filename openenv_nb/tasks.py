@@ -45,7 +45,9 @@ def jsonable(x: Any) -> Any:
 # %% ../nbs/02a_tasks.ipynb #b4cd45e0
 def split_entry(split: Any) -> dict:
     "`split` as a client reads it: `{\"name\", \"type\", ...}`."
-    if isinstance(split, str): return {"name": split, "type": split if split in ("train", "validation", "test") else "validation"}
+    if isinstance(split, str): return {"name": split, "type": split
+                                       if split in ("train", "validation", "test")
+                                       else "validation"}
     if hasattr(split, "model_dump") or isinstance(split, dict): return jsonable(split)
     return {"name": str(split), "type": "validation"}
 
@@ -68,7 +70,8 @@ class GetTaskRequest(ListTasksRequest):
 class GetTaskRangeRequest(ListTasksRequest):
     "Body of `POST /{env_name}/task_range`; the bounds count as a slice's do."
     start: int | None = Field(default=None, description="First index; from the start when omitted")
-    stop: int | None = Field(default=None, description="Index to stop before; to the end when omitted")
+    stop: int | None = Field(default=None,
+                             description="Index to stop before; to the end when omitted")
 
 # %% ../nbs/02a_tasks.ipynb #7e2af1eb
 def http_error(frame: dict # an error frame
@@ -186,8 +189,11 @@ def add_task_routes(app: FastAPI, # the app to serve them on
                    ) -> TaskRoutes:
     "Serve the Task API of `hub`'s environment on `app`."
     routes = TaskRoutes(hub, env_name)
-    for method, path, name in [("GET", "/list_environments", "list_environments"), ("GET", "/{env_name}/splits", "splits"),
-                               ("POST", "/{env_name}/tasks", "tasks"), ("POST", "/{env_name}/num_tasks", "num_tasks"),
-                               ("POST", "/{env_name}/task", "task"), ("POST", "/{env_name}/task_range", "task_range")]:
+    for method, path, name in [("GET", "/list_environments", "list_environments"),
+                               ("GET", "/{env_name}/splits", "splits"),
+                               ("POST", "/{env_name}/tasks", "tasks"),
+                               ("POST", "/{env_name}/num_tasks", "num_tasks"),
+                               ("POST", "/{env_name}/task", "task"),
+                               ("POST", "/{env_name}/task_range", "task_range")]:
         app.add_api_route(path, getattr(routes, name), methods=[method], tags=["Task API"])
     return routes

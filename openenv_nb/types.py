@@ -22,16 +22,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 # %% ../nbs/00_types.ipynb #1fd9899e
 class Action(BaseModel):
     "What an agent sends to `Environment.step`; unknown fields are an error."
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form data that rides along with the action")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              arbitrary_types_allowed=True)
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="Free-form data that rides along with the action")
 
 # %% ../nbs/00_types.ipynb #aef8a8ab
 class Observation(BaseModel):
     "What an environment returns from `reset` and `step`."
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              arbitrary_types_allowed=True)
     done: bool = Field(default=False, description="Whether the episode has ended")
-    reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Extra data for the client (sent in the observation, and copied to the reply's top level when not empty)")
+    reward: bool | int | float | None = Field(default=None,
+                                              description="Reward for the last action")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="Extra data for the client (sent in the "
+                                                 "observation, and copied to the reply's top level "
+                                                 "when not empty)")
 
 # %% ../nbs/00_types.ipynb #929ed7fa
 class State(BaseModel):
@@ -55,16 +62,21 @@ class EnvironmentMetadata(BaseModel):
 class ResetRequest(BaseModel):
     "Body of a reset: an optional seed and episode id, plus environment-specific keys."
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"seed": 42, "episode_id": "episode-001"}, {}]})
-    seed: int | None = Field(default=None, ge=0, description="Random seed for a reproducible episode")
-    episode_id: str | None = Field(default=None, max_length=255, description="Id to give the new episode")
+    seed: int | None = Field(default=None, ge=0,
+                             description="Random seed for a reproducible episode")
+    episode_id: str | None = Field(default=None, max_length=255,
+                                   description="Id to give the new episode")
 
 # %% ../nbs/00_types.ipynb #956061bc
 class StepRequest(BaseModel):
     "Body of an HTTP step: the action's fields, an optional timeout, plus environment-specific keys."
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"action": {"message": "hi"}, "timeout_s": 30.0}]})
-    action: dict[str, Any] = Field(description="The action, as the environment's action schema describes it")
-    timeout_s: float | None = Field(default=None, gt=0, description="Time limit for the step, in seconds")
-    request_id: str | None = Field(default=None, max_length=255, description="An id for tracing the request")
+    action: dict[str, Any] = Field(description="The action, as the environment's action schema "
+                                               "describes it")
+    timeout_s: float | None = Field(default=None, gt=0,
+                                    description="Time limit for the step, in seconds")
+    request_id: str | None = Field(default=None, max_length=255,
+                                   description="An id for tracing the request")
 
 # %% ../nbs/00_types.ipynb #4adf7b83
 _LIFTED = {"reward", "done"}
@@ -73,7 +85,8 @@ def to_envelope(obs: Observation, # the observation an environment returned
                 metadata: bool = True # unused: kept for callers of the old `metadata` extension
                ) -> dict:
     "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, plus `metadata` when not empty."
-    fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)  # `model_dump` without its wrapper
+    # `model_dump` without its wrapper
+    fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)
     env = {"observation": fields, "reward": obs.reward, "done": obs.done}
     if obs.metadata: env["metadata"] = env["observation"]["metadata"]
     return env
@@ -82,10 +95,15 @@ def to_envelope(obs: Observation, # the observation an environment returned
 # %% ../nbs/00_types.ipynb #0723e399
 class Envelope(BaseModel):
     "The reply to a reset or step: an observation's fields, with reward and done beside them."
-    observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` included")
-    reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
+    observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` "
+                                                    "included")
+    reward: bool | int | float | None = Field(default=None,
+                                              description="Reward for the last action")
     done: bool = Field(default=False, description="Whether the episode has ended")
-    metadata: dict[str, Any] | None = Field(default=None, description="A copy of `observation.metadata`, when that is not empty (as OpenEnv 0.10 sends it)")
+    metadata: dict[str, Any] | None = Field(default=None,
+                                            description="A copy of `observation.metadata`, when "
+                                                        "that is not empty (as OpenEnv 0.10 sends "
+                                                        "it)")
 
 # %% ../nbs/00_types.ipynb #9e417b3e
 ObsT = TypeVar("ObsT")
@@ -105,7 +123,8 @@ def from_envelope(env: dict, # an envelope as received
     "Parse an envelope into a `StepResult`, typed with `obs_cls` when given."
     obs, reward, done = env.get("observation") or {}, env.get("reward"), bool(env.get("done", False))
     if obs_cls is not None:
-        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done, "metadata": env.get("metadata") or obs.get("metadata") or {}})
+        obs = obs_cls.model_validate({**obs, "reward": reward, "done": done,
+                                      "metadata": env.get("metadata") or obs.get("metadata") or {}})
     return StepResult(observation=obs, reward=reward, done=done)
 
 # %% ../nbs/00_types.ipynb #25e1eaec
@@ -177,7 +196,8 @@ def type_args(cls: type, # a class that subclasses `base[...]` somewhere
 import orjson
 
 # %% ../nbs/00_types.ipynb #dc4f5ea1
-_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
+# digits to `0`, `.` kept, the rest to spaces
+_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))
 _RUN, _SPACED_RUN = b"0" * 19, b" " + b"0" * 19
 
 def _long_int(raw: bytes # JSON text, as UTF-8
@@ -201,4 +221,5 @@ def dumps(obj: Any # what to write: dicts, lists, strings, numbers, `None`
          ) -> bytes:
     "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson when it can, else by `json`."
     try: return orjson.dumps(obj)
-    except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False,
+                                                     separators=(",", ":")).encode()
