@@ -28,14 +28,19 @@ from ..types import Action, EnvironmentMetadata, Observation, State
 # %% ../../nbs/envs/coding.ipynb #f6aea9f2
 class CodeAction(Action):
     "Python source to run in the episode's sandbox."
-    code: str = Field(description="Python source; variables, functions and imports persist across the episode's steps")
+    code: str = Field(description="Python source; variables, functions and imports persist across "
+                                  "the episode's steps")
 
 # %% ../../nbs/envs/coding.ipynb #92bb2815
 class CodeObservation(Observation):
     "What running the code produced."
-    stdout: str = Field(default="", description="What the code printed, then the value of its last statement when not None")
-    stderr: str = Field(default="", description="A traceback when the code failed, or the limit it hit")
-    exit_code: int = Field(default=0, description="0 on success, 1 on an error, 124 past the wall-clock limit, 128+N when the worker died of signal N")
+    stdout: str = Field(default="", description="What the code printed, then the value of its last "
+                                                "statement when not None")
+    stderr: str = Field(default="", description="A traceback when the code failed, or the limit it "
+                                                "hit")
+    exit_code: int = Field(default=0, description="0 on success, 1 on an error, 124 past the "
+                                                  "wall-clock limit, 128+N when the worker died of "
+                                                  "signal N")
 
 # %% ../../nbs/envs/coding.ipynb #e0903d3b
 class CodeState(State):
@@ -57,8 +62,10 @@ def _parse(code: str):
     except (SyntaxError, ValueError, RecursionError, MemoryError): return None
 
 # %% ../../nbs/envs/coding.ipynb #f6229d2e
-_PATTERNS = [(re.compile(p), v) for p, v in [(r"\bimport\s+os\b", "import os"), (r"\bimport\s+subprocess\b", "import subprocess"),
-             (r"\beval\s*\(", "eval"), (r"\bexec\s*\(", "exec"), (r"\b__import__\s*\(", "__import__"), (r"\bopen\s*\(", "open"),
+_PATTERNS = [(re.compile(p), v) for p, v in [(r"\bimport\s+os\b", "import os"),
+                                             (r"\bimport\s+subprocess\b", "import subprocess"),
+             (r"\beval\s*\(", "eval"), (r"\bexec\s*\(", "exec"),
+             (r"\b__import__\s*\(", "__import__"), (r"\bopen\s*\(", "open"),
              (r"\.open\s*\(", "open")]]
 _MODULES, _CALLS = {"os", "subprocess"}, {"eval", "exec", "open", "__import__"}
 
@@ -93,8 +100,10 @@ class CodeSafetyTransform(Transform):
 # %% ../../nbs/envs/coding.ipynb #ed0f2026
 class CodeQualityTransform(Transform):
     "Add `concise_bonus` for code of at most `max_length_threshold` characters, `syntax_penalty` for code that does not parse."
-    def __init__(self, concise_bonus: float = 0.1, max_length_threshold: int = 100, syntax_penalty: float = -0.2):
-        store_attr("concise_bonus,max_length_threshold,syntax_penalty")  # named: `Generic` gives `__slots__ = ()`
+    def __init__(self, concise_bonus: float = 0.1, max_length_threshold: int = 100,
+                 syntax_penalty: float = -0.2):
+        # named: `Generic` gives `__slots__ = ()`
+        store_attr("concise_bonus,max_length_threshold,syntax_penalty")
     def __call__(self, observation):
         if not isinstance(observation, CodeObservation): return observation
         score = 0.0
@@ -114,11 +123,16 @@ def create_safe_coding_transform() -> CompositeTransform:
 class CodeTask(BaseModel):
     "What a step must do: tests to pass, output to print."
     model_config = ConfigDict(extra="forbid")
-    tests: list[str] = Field(default_factory=list, description="Python source, each passing when it runs without raising, e.g. `assert add(2, 3) == 5`")
-    expected_stdout: str | None = Field(default=None, description="What the code must print, compared with `stdout` (both stripped)")
+    tests: list[str] = Field(default_factory=list,
+                             description="Python source, each passing when it runs without "
+                                         "raising, e.g. `assert add(2, 3) == 5`")
+    expected_stdout: str | None = Field(default=None,
+                                        description="What the code must print, compared with "
+                                                    "`stdout` (both stripped)")
 
 # %% ../../nbs/envs/coding.ipynb #5c6e0a1f
-TASK_KEYS = ("tests", "expected_stdout")  # what a task gives, in `reset`'s arguments or an action's `metadata`
+# what a task gives, in `reset`'s arguments or an action's `metadata`
+TASK_KEYS = ("tests", "expected_stdout")
 
 def step_task(metadata: dict, # the action's metadata
               episode: CodeTask | None = None # the episode's task, from `reset`
@@ -202,7 +216,8 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
               **kwargs) -> CodeObservation:
         "Start a new episode in a fresh worker, with a task when one is given: nothing of the previous one survives."
         self.task, self.rubric = step_task({k: v for k, v in dict(tests=tests, expected_stdout=expected_stdout).items() if v is not None}), None
-        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0, last_exit_code=0)
+        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0,
+                                last_exit_code=0)
         layers = self.sandbox.start(seed=seed)
         return self._apply_transform(CodeObservation(metadata=self._flag({"status": "ready", "sandbox": layers.to_json()})))
 
@@ -214,9 +229,11 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         r = self.sandbox.run(action.code, timeout_s=timeout_s)
         self._state.step_count += 1
         self._state.last_exit_code = r.exit_code
-        task, meta = step_task(action.metadata, self.task), self._step_metadata(action.code, r, fresh)
+        task, meta = step_task(action.metadata,
+                               self.task), self._step_metadata(action.code, r, fresh)
         if task is not None and task.tests: self._run_tests(task.tests, meta, timeout_s)
-        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code, metadata=meta))
+        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr,
+                                                    exit_code=r.exit_code, metadata=meta))
         return self._score(action, obs, task)
 
     @property
@@ -282,7 +299,8 @@ Rewards are OpenEnv's: -1.0 for a dangerous pattern, +0.1 for concise code, -0.2
 @patch
 def get_metadata(self: CodingEnvironment) -> EnvironmentMetadata:
     "What `/metadata` says about the coding environment."
-    return EnvironmentMetadata(name="CodingEnvironment", description=CodingEnvironment.__doc__, readme_content=_README,
+    return EnvironmentMetadata(name="CodingEnvironment", description=CodingEnvironment.__doc__,
+                               readme_content=_README,
                                version="1.0.0", documentation_url="https://openenv-nb.github.io/openenv-nb/envs/coding.html")
 
 # %% ../../nbs/envs/coding.ipynb #734e6e32

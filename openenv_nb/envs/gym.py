@@ -55,7 +55,8 @@ def bounded(kind: type, # `int` or `float`
 @functools.singledispatch
 def space_type(space: spaces.Space) -> Any:
     "The pydantic type of the values of `space` as they travel in JSON."
-    raise TypeError(f"openenv-nb has no wire type for {type(space).__name__} spaces ({space}); it knows Discrete, Box, "
+    raise TypeError(f"openenv-nb has no wire type for {type(space).__name__} spaces ({space}); it "
+                    "knows Discrete, Box, "
                     "MultiBinary, MultiDiscrete, Text, Tuple, Dict and Sequence")
 
 # %% ../../nbs/envs/gym.ipynb #85dec6c8
@@ -103,11 +104,16 @@ def to_native(space: spaces.Space, # the space the value belongs to
               value: Any # a value as `space_type(space)` validates it
              ) -> Any:
     "`value` in the form Gymnasium's `space` holds: numpy arrays with its dtype, tuples, dicts."
-    if isinstance(space, spaces.Discrete): return space.dtype.type(value)  # a numpy integer, as Gymnasium's vector envs pass
-    if isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete)): return np.asarray(value, dtype=space.dtype)
-    if isinstance(space, spaces.Tuple): return tuple(to_native(s, v) for s, v in zip(space.spaces, value))
-    if isinstance(space, spaces.Dict): return {k: to_native(s, value[k]) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Sequence): return tuple(to_native(space.feature_space, v) for v in value)
+    # a numpy integer, as Gymnasium's vector envs pass
+    if isinstance(space, spaces.Discrete): return space.dtype.type(value)
+    if isinstance(space, (spaces.Box, spaces.MultiBinary,
+                          spaces.MultiDiscrete)): return np.asarray(value, dtype=space.dtype)
+    if isinstance(space, spaces.Tuple): return tuple(to_native(s, v)
+                                                     for s, v in zip(space.spaces, value))
+    if isinstance(space, spaces.Dict): return {k: to_native(s, value[k])
+                                               for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Sequence): return tuple(to_native(space.feature_space, v)
+                                                        for v in value)
     return value
 
 # %% ../../nbs/envs/gym.ipynb #48d2ca55
@@ -122,22 +128,27 @@ def jsonable(x: Any) -> Any:
 # %% ../../nbs/envs/gym.ipynb #96d3a3a2
 def _why(e: ValidationError) -> str:
     "The first three complaints of `e`, each with where it is."
-    return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'value'}: {d['msg']}" for d in e.errors()[:3])
+    return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'value'}: {d['msg']}"
+                     for d in e.errors()[:3])
 
 # %% ../../nbs/envs/gym.ipynb #22473a26
 class _Named:
     "Pydantic metadata: every error of the type it annotates becomes one error with `message`, raised in pydantic's core."
     def __init__(self, message: str): self.message = message
     def __get_pydantic_core_schema__(self, source, handler):
-        return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space", custom_error_message=self.message)
+        return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space",
+                                               custom_error_message=self.message)
 
 # %% ../../nbs/envs/gym.ipynb #c23434d6
-EXACT = (spaces.Discrete, spaces.MultiBinary)  # spaces whose type says all: `contains` would only repeat it, slowly
+# spaces whose type says all: `contains` would only repeat it, slowly
+EXACT = (spaces.Discrete, spaces.MultiBinary)
 
 def in_space(space: spaces.Space # the space values must belong to
             ) -> WrapValidator | _Named:
     "A validator for `space_type(space)` that also asks `space.contains` (where the type does not say all), naming `space` in every error."
-    if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer from {space.start} to {space.start + space.n - 1}")
+    if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer "
+                                                         f"from {space.start} to "
+                                                         f"{space.start + space.n - 1}")
     exact = isinstance(space, EXACT)
     def check(v, handler):
         try: out = handler(v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v)
@@ -154,10 +165,14 @@ class GymAction(Action):
 # %% ../../nbs/envs/gym.ipynb #86bcbb67
 class GymObservation(Observation):
     "What a Gymnasium environment gives from `reset` and `step`; `done` is `terminated or truncated`."
-    obs: Any = Field(default=None, description="The observation: an element of the observation space, as JSON")
+    obs: Any = Field(default=None, description="The observation: an element of the observation "
+                                               "space, as JSON")
     terminated: bool = Field(default=False, description="The episode reached a terminal state")
-    truncated: bool = Field(default=False, description="The episode was cut short (a time limit, say)")
-    frame: str | None = Field(default=None, description="The rendered frame, a `data:image/png;base64,...` URL, when the environment renders `rgb_array`")
+    truncated: bool = Field(default=False,
+                            description="The episode was cut short (a time limit, say)")
+    frame: str | None = Field(default=None,
+                              description="The rendered frame, a `data:image/png;base64,...` URL, "
+                                          "when the environment renders `rgb_array`")
 
 # %% ../../nbs/envs/gym.ipynb #c8f878c6
 class GymState(State):
@@ -167,7 +182,8 @@ class GymState(State):
 # %% ../../nbs/envs/gym.ipynb #84714a14
 def camel(env_id: str) -> str:
     "A class-name stem for `env_id`: `CartPole-v1` -> `CartPoleV1`."
-    return "".join(p[:1].upper() + p[1:] for p in "".join(c if c.isalnum() else " " for c in env_id).split())
+    return "".join(p[:1].upper() + p[1:]
+                   for p in "".join(c if c.isalnum() else " " for c in env_id).split())
 
 # %% ../../nbs/envs/gym.ipynb #99478b16
 @functools.cache
@@ -175,10 +191,14 @@ def _types(env_id: str, make: str) -> tuple[type[GymAction], type[GymObservation
     env = gym.make(env_id, **json.loads(make))
     act, obs = env.action_space, env.observation_space
     env.close()
-    return (create_model(f"{camel(env_id)}Action", __base__=GymAction, __doc__=f"An action of {env_id}: an element of {act}.",
-                         action=(Annotated[space_type(act), in_space(act)], Field(description=f"An element of {act}"))),
-            create_model(f"{camel(env_id)}Observation", __base__=GymObservation, __doc__=f"What {env_id} observes.",
-                         obs=(space_type(obs) | None, Field(default=None, description=f"An element of {obs}"))))
+    return (create_model(f"{camel(env_id)}Action", __base__=GymAction,
+                         __doc__=f"An action of {env_id}: an element of {act}.",
+                         action=(Annotated[space_type(act), in_space(act)],
+                                 Field(description=f"An element of {act}"))),
+            create_model(f"{camel(env_id)}Observation", __base__=GymObservation,
+                         __doc__=f"What {env_id} observes.",
+                         obs=(space_type(obs) | None,
+                              Field(default=None, description=f"An element of {obs}"))))
 
 # %% ../../nbs/envs/gym.ipynb #4c3b170a
 def gym_types(env_id: str, # a registered id, e.g. `"CartPole-v1"`
@@ -199,7 +219,8 @@ def png(image: np.ndarray, # `uint8`, shape `(h, w)` (grey), `(h, w, 3)` (RGB) o
     "The bytes of a PNG file holding `image`."
     h, w = image.shape[:2]
     colour = {1: 0, 3: 2, 4: 6}[1 if image.ndim == 2 else image.shape[2]]
-    rows = np.concatenate([np.zeros((h, 1), np.uint8), np.ascontiguousarray(image, np.uint8).reshape(h, -1)], axis=1)
+    rows = np.concatenate([np.zeros((h, 1), np.uint8),
+                           np.ascontiguousarray(image, np.uint8).reshape(h, -1)], axis=1)
     header = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + _chunk(b"IEND", b"")
 
@@ -215,10 +236,13 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
                 ):
         super().__init__()
         self.env_id, self.kwargs = env_id or self.env_id, {**self.make_kwargs, **kwargs}
-        if self.env_id is None: raise ValueError("GymEnvironment needs an env_id, e.g. GymEnvironment('CartPole-v1'), or a class from gym_env()")
+        if self.env_id is None: raise ValueError("GymEnvironment needs an env_id, e.g. "
+                                                 "GymEnvironment('CartPole-v1'), or a class from "
+                                                 "gym_env()")
         if self.kwargs.get("render_mode") == "rgb_array": os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames need no display
         self.env = gym.make(self.env_id, **self.kwargs)
-        self.action_space, self.renders = self.env.action_space, self.env.render_mode == "rgb_array"  # read once: wrappers forward them slowly
+        # read once: wrappers forward them slowly
+        self.action_space, self.renders = self.env.action_space, self.env.render_mode == "rgb_array"
         self.action_type, self.observation_type = gym_types(self.env_id, **self.kwargs)
         self.episode_id, self.steps = None, 0
 
@@ -238,7 +262,8 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
         return self._observe(obs, reward, terminated, truncated, info)
 
     @property
-    def state(self) -> GymState: return GymState(episode_id=self.episode_id, step_count=self.steps, env_id=self.env_id)
+    def state(self) -> GymState: return GymState(episode_id=self.episode_id, step_count=self.steps,
+                                                 env_id=self.env_id)
 
     def close(self):
         "Close the Gymnasium environment."
@@ -248,7 +273,8 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
 @functools.cache
 def _names(cls: type[BaseModel]) -> tuple[frozenset, set] | None:
     "The field names of `cls`, as a frozenset and as a set to copy (read once: `model_fields` is slow to read); `None` when it has private attributes."
-    return None if cls.__private_attributes__ else (frozenset(cls.model_fields), set(cls.model_fields))
+    return None if cls.__private_attributes__ else (frozenset(cls.model_fields),
+                                                    set(cls.model_fields))
 
 # %% ../../nbs/envs/gym.ipynb #596c5c62
 def trusted(cls: type[BaseModel], # a pydantic model class
@@ -256,7 +282,8 @@ def trusted(cls: type[BaseModel], # a pydantic model class
            ) -> BaseModel:
     "An instance of `cls` holding `fields` unchecked: what `model_construct` makes, without its per-field work."
     names = _names(cls)
-    if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)  # fields left out, or private attributes
+    # fields left out, or private attributes
+    if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", fields)
     object.__setattr__(obj, "__pydantic_fields_set__", names[1].copy())
@@ -268,8 +295,10 @@ def trusted(cls: type[BaseModel], # a pydantic model class
 @patch
 def _observe(self: GymEnvironment, obs, reward, terminated, truncated, info) -> GymObservation:
     "What Gymnasium returned, as this environment's observation class (the info in `metadata`), built with `trusted`."
-    return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated), reward=float(reward),
-                                         metadata=jsonable(info) if info else {}, obs=jsonable(obs), terminated=bool(terminated),
+    return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated),
+                                         reward=float(reward),
+                                         metadata=jsonable(info) if info else {}, obs=jsonable(obs),
+                                         terminated=bool(terminated),
                                          truncated=bool(truncated), frame=self.frame()))
 
 # %% ../../nbs/envs/gym.ipynb #5f6568b7
@@ -283,22 +312,28 @@ def frame(self: GymEnvironment) -> str | None:
 @patch
 def get_metadata(self: GymEnvironment) -> EnvironmentMetadata:
     "What `/metadata` reports: the id, its spaces, and Gymnasium's version."
-    return EnvironmentMetadata(name=f"gym:{self.env_id}", version=gym.__version__, documentation_url="https://gymnasium.farama.org",
-                               description=f"Gymnasium's {self.env_id}: actions in {self.env.action_space}, observations in {self.env.observation_space}")
+    return EnvironmentMetadata(name=f"gym:{self.env_id}", version=gym.__version__,
+                               documentation_url="https://gymnasium.farama.org",
+                               description=f"Gymnasium's {self.env_id}: actions in "
+                                           f"{self.env.action_space}, observations in "
+                                           f"{self.env.observation_space}")
 
 # %% ../../nbs/envs/gym.ipynb #9b21d8da
 class InlineGymEnvironment(GymEnvironment):
     "A `GymEnvironment` that the server calls on its event loop: for environments whose steps take microseconds."
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> GymObservation:
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          **kwargs) -> GymObservation:
         "`reset`, on the event loop."
         return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
-    async def step_async(self, action: GymAction, timeout_s: float | None = None, **kwargs) -> GymObservation:
+    async def step_async(self, action: GymAction, timeout_s: float | None = None,
+                         **kwargs) -> GymObservation:
         "`step`, on the event loop."
         return self.step(action, timeout_s=timeout_s, **kwargs)
 
 # %% ../../nbs/envs/gym.ipynb #e0fd2f15
-QUICK = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.")  # pure-Python families: microseconds a step
+# pure-Python families: microseconds a step
+QUICK = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.")
 
 def runs_inline(env_id: str, # a registered id
                 render_mode: str | None = None # rendering takes milliseconds a frame
@@ -337,7 +372,8 @@ def _columns(out: list # Gymnasium's step results, or exceptions
         if isinstance(r, BaseException): errors[i] = r; continue
         o, rew, te, tr, info = r
         te, tr = bool(te), bool(tr)
-        obs[i] = {"metadata": jsonable(info) if info else {}, "obs": jsonable(o), "terminated": te, "truncated": tr, "frame": None}
+        obs[i] = {"metadata": jsonable(info) if info else {}, "obs": jsonable(o), "terminated": te,
+                  "truncated": tr, "frame": None}
         rewards[i], dones[i] = float(rew), te or tr
     return Steps(obs, rewards, dones, errors)
 
@@ -349,7 +385,8 @@ def _declines(envs: list # `GymEnvironment`s of one class
     "Whether the hooks leave `envs` to `step` and `reset`: one has a transform or renders, has spaces other than the first's, or its observation class other fields."
     first = envs[0]
     if (_names(first.observation_type) or (None,))[0] != _FIELDS: return True
-    return any(e.transform is not None or e.renders or e.action_type is not first.action_type for e in envs)
+    return any(e.transform is not None or e.renders or e.action_type is not first.action_type
+               for e in envs)
 
 # %% ../../nbs/envs/gym.ipynb #6038314a
 @patch(cls_method=True)
@@ -392,9 +429,12 @@ async def reset_batch_async(cls: InlineGymEnvironment, envs: list) -> Steps | No
 
 # %% ../../nbs/envs/gym.ipynb #e29810b0
 REWARDS = {  # the name of an id (before `-v`) -> (the range of one step's reward, the best return: a number, "steps" or None)
-    "CartPole": ((0.0, 1.0), "steps"), "FrozenLake": ((0.0, 1.0), 1.0), "Acrobot": ((-1.0, 0.0), None), "MountainCar": ((-1.0, 0.0), None),
-    "Pendulum": ((-16.2736045, 0.0), None), "CliffWalking": ((-100.0, -1.0), None), "Taxi": ((-10.0, 20.0), None), "Blackjack": ((-1.0, 1.5), None)}
-REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")  # `gym.make` arguments that change the rewards: with one, nothing is declared
+    "CartPole": ((0.0, 1.0), "steps"), "FrozenLake": ((0.0, 1.0), 1.0),
+    "Acrobot": ((-1.0, 0.0), None), "MountainCar": ((-1.0, 0.0), None),
+    "Pendulum": ((-16.2736045, 0.0), None), "CliffWalking": ((-100.0, -1.0), None),
+    "Taxi": ((-10.0, 20.0), None), "Blackjack": ((-1.0, 1.5), None)}
+# `gym.make` arguments that change the rewards: with one, nothing is declared
+REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")
 
 # %% ../../nbs/envs/gym.ipynb #4e4d303b
 def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
@@ -413,9 +453,11 @@ def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
 def _env_class(env_id: str, make: str, inline: bool | None) -> type[GymEnvironment]:
     kwargs = json.loads(make)
     act, obs = gym_types(env_id, **kwargs)
-    base = InlineGymEnvironment if (runs_inline(env_id, kwargs.get("render_mode")) if inline is None else inline) else GymEnvironment
+    base = InlineGymEnvironment if (runs_inline(env_id, kwargs.get("render_mode")) if inline is None
+                                    else inline) else GymEnvironment
     return type(f"{camel(env_id)}Environment", (base,), dict(gym_declarations(env_id, **kwargs),
-        env_id=env_id, make_kwargs=kwargs, action_type=act, observation_type=obs, state_type=GymState,
+        env_id=env_id, make_kwargs=kwargs, action_type=act, observation_type=obs,
+        state_type=GymState,
         __module__=__name__, __doc__=f"Gymnasium's {env_id}, served."))
 
 # %% ../../nbs/envs/gym.ipynb #53c7063e
@@ -459,4 +501,5 @@ def from_local(cls: GymEnv, env_id: str, # a registered id, e.g. `"CartPole-v1"`
               ) -> GymEnv:
     "A typed client for `env_id` served in a subprocess on this machine (`openenv serve gym:ENV_ID`), started on `connect`."
     target = "gym:" + join_spec(env_id, **(make_kwargs or {}))
-    return super(GymEnv, cls).from_local(target, max_sessions=max_sessions, env_id=env_id, make_kwargs=make_kwargs, **kwargs)
+    return super(GymEnv, cls).from_local(target, max_sessions=max_sessions, env_id=env_id,
+                                         make_kwargs=make_kwargs, **kwargs)
