@@ -203,7 +203,8 @@ def split_spec(spec: str, # `NAME?KEY=VALUE&...`, e.g. `"FrozenLake-v1?is_slippe
         key, eq, value = field.partition("=")
         if not key or not eq: raise ValueError(f"target spec {spec!r}: option {field!r} is not "
                                                "key=value")
-        if (key := unquote_plus(key)) in options: raise ValueError(f"target spec {spec!r} sets {key!r} twice")
+        if (key := unquote_plus(key)) in options:
+            raise ValueError(f"target spec {spec!r} sets {key!r} twice")
         options[key] = _option(unquote_plus(value))
     return name, options
 

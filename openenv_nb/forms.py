@@ -56,7 +56,8 @@ def _kind(name: str, # the field's name
     if t in ("boolean", "integer", "number"): return t
     if t != "string": return "json"
     if p.get("format") in ("code", "python") or name.lower() in CODE_NAMES: return "code"
-    if p.get("format") in ("textarea", "multiline") or p.get("maxLength", 0) > 256: return "textarea"
+    if p.get("format") in ("textarea", "multiline") or p.get("maxLength", 0) > 256:
+        return "textarea"
     return "string"
 
 # %% ../nbs/04a_forms.ipynb #40226323
@@ -72,7 +73,8 @@ def field_spec(name: str, # the field's name in the action
             "required": required, "nullable": nullable}
     if "default" in p: spec["default"] = p["default"]
     if kind == "enum": spec["options"] = list(p["enum"]) if "enum" in p else [p["const"]]
-    if kind == "json": spec["json_type"] = p.get("type") if p.get("type") in ("array", "object") else None
+    if kind == "json":
+        spec["json_type"] = p.get("type") if p.get("type") in ("array", "object") else None
     return spec | {k: p[k] for k in LIMITS if k in p}
 
 # %% ../nbs/04a_forms.ipynb #af3ad38b
@@ -115,8 +117,10 @@ def _text(spec: dict, # a text field from `form_fields`
          ) -> str | _Omit:
     "`s` checked against the field's lengths and pattern."
     if s == "" and not spec["required"]: return OMIT
-    if "minLength" in spec and len(s) < spec["minLength"]: raise ValueError(f"At least {spec['minLength']} characters")
-    if "maxLength" in spec and len(s) > spec["maxLength"]: raise ValueError(f"At most {spec['maxLength']} characters")
+    if "minLength" in spec and len(s) < spec["minLength"]:
+        raise ValueError(f"At least {spec['minLength']} characters")
+    if "maxLength" in spec and len(s) > spec["maxLength"]:
+        raise ValueError(f"At most {spec['maxLength']} characters")
     if "pattern" in spec and not _matches(spec["pattern"],
                                           s): raise ValueError(f"Must match {spec['pattern']}")
     return s
@@ -129,7 +133,8 @@ def _number(spec: dict, # an `integer` or `number` field
             s: str # what was typed, stripped
            ) -> int | float:
     "`s` as a number, checked against the field's bounds."
-    if spec["kind"] == "integer" and not INTEGER.fullmatch(s): raise ValueError("Must be a whole number")
+    if spec["kind"] == "integer" and not INTEGER.fullmatch(s):
+        raise ValueError("Must be a whole number")
     if spec["kind"] == "number" and not NUMBER.fullmatch(s): raise ValueError("Must be a number")
     v = int(s) if spec["kind"] == "integer" else float(s)
     checks = (("minimum", v.__lt__, "at least"), ("maximum", v.__gt__, "at most"),

@@ -67,15 +67,18 @@ def check_dockerfile(text: str # a Dockerfile
     lines = _instructions(text)
     first = lambda word: [l for l in lines if l.split()[0].upper() == word]
     froms, users, problems = first("FROM"), first("USER"), []
-    if not froms or "${BASE_IMAGE}" not in froms[0] and "$BASE_IMAGE" not in froms[0]: problems.append("FROM must be ${BASE_IMAGE}")
+    if not froms or "${BASE_IMAGE}" not in froms[0] and "$BASE_IMAGE" not in froms[0]:
+        problems.append("FROM must be ${BASE_IMAGE}")
     if not any(re.match(r"ARG\s+BASE_IMAGE\b", l, re.I)
                for l in lines): problems.append("no ARG BASE_IMAGE")
-    if not users or users[-1].split()[1].split(":")[0] in ("root", "0"): problems.append("runs as root: add a USER")
+    if not users or users[-1].split()[1].split(":")[0] in ("root", "0"):
+        problems.append("runs as root: add a USER")
     if not any(l.upper().startswith("HEALTHCHECK") and "/health" in l
                for l in lines): problems.append("no HEALTHCHECK on /health")
     cmd = (first("CMD") or first("ENTRYPOINT") or [""])[-1]
     for var in ("PORT", "HOST"):
-        if f"${var}" not in cmd and f"${{{var}}}" not in cmd: problems.append(f"the server does not listen on ${var}")
+        if f"${var}" not in cmd and f"${{{var}}}" not in cmd:
+            problems.append(f"the server does not listen on ${var}")
     if _SECRET.search(text): problems.append("a secret is baked in (ENV or ARG with a value)")
     if "--token" in cmd: problems.append("the token is on the command line: let the server read "
                                          "$OPENENV_TOKEN")
@@ -218,7 +221,8 @@ def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
     "Whether `rules` leave out `relpath`: the deepest ignore file with a pattern that matches it decides, as in git."
     out = False
     for base, spec in rules:
-        if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None: out = hit
+        if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None:
+            out = hit
     return out
 
 # %% ../nbs/10_images.ipynb #726a7627
@@ -256,7 +260,8 @@ def _link_problem(path: Path, # a link in the project
     "Why the link `path` is not followed; `None` when it may be."
     target = path.resolve()
     if not target.exists(): return "a broken link"
-    if not target.is_relative_to(root): return f"a link out of the project (to {target}): not followed"
+    if not target.is_relative_to(root):
+        return f"a link out of the project (to {target}): not followed"
     if target in above: return "a link to a folder that holds it: not followed"
     return None
 
@@ -399,7 +404,8 @@ def follow_build(chunks, # the engine's decoded build stream
 def _build_args(base_image: str | None, build_args: dict | None) -> dict[str, str]:
     "The build arguments: `build_args` as text, and `BASE_IMAGE` from `base_image` or `$OPENENV_BASE_IMAGE`."
     args = {k: str(v) for k, v in (build_args or {}).items()}
-    if base_image or os.environ.get("OPENENV_BASE_IMAGE"): args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
+    if base_image or os.environ.get("OPENENV_BASE_IMAGE"):
+        args["BASE_IMAGE"] = base_image or os.environ["OPENENV_BASE_IMAGE"]
     return args
 
 # %% ../nbs/10_images.ipynb #f68b5ac8

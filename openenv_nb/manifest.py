@@ -79,7 +79,8 @@ def _field_errors(e: ValidationError) -> str:
 def _read_yaml(p: Path) -> dict:
     "The mapping that the YAML file `p` holds."
     try: data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ManifestError(f"{p} is not valid YAML: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{p} must be a mapping of fields (name:, app:, ...), not "
                             f"{type(data).__name__}")

@@ -36,7 +36,8 @@ def front_matter(text: str # a README
     m = _FM.match(text)
     if not m: return {}, text
     try: data = yaml.safe_load(m.group(1) or "") or {}
-    except yaml.YAMLError as e: raise PushError(f"The README's front matter is not valid YAML: {e}") from None
+    except yaml.YAMLError as e:
+        raise PushError(f"The README's front matter is not valid YAML: {e}") from None
     if not isinstance(data, dict): raise PushError("The README's front matter must be a mapping "
                                                    "(key: value lines)")
     return data, text[m.end():]
@@ -121,7 +122,9 @@ def stage_space(m: Manifest, # the project's manifest (it knows the project's fo
     "Lay out the Space of project `m` in `dest`; its files, sorted."
     dest = Path(dest)
     try: stage(m.root, dest, include, log)
-    except FileNotFoundError: raise PushError(f"No Dockerfile in {m.root}: a Docker Space is built from one (`openenv init` makes projects with one)") from None
+    except FileNotFoundError:
+        raise PushError(f"No Dockerfile in {m.root}: a Docker Space is built from one (`openenv "
+                        "init` makes projects with one)") from None
     _prune(dest)
     df = dest / "Dockerfile"
     df.write_text(space_dockerfile(df.read_text(), m.port, web, base_image))
@@ -247,7 +250,8 @@ def push(path: str | Path = ".", # the project folder
         ) -> str:
     "Deploy the project at `path` to a Hugging Face Space; the Space's URL (the staged folder's path, with `dry_run`)."
     m = load_manifest(path)
-    if repo_id is not None and not REPO_RE.match(repo_id): raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
+    if repo_id is not None and not REPO_RE.match(repo_id):
+        raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
     how, kw = _how(m, private, web, token_secret), dict(web=web, base_image=base_image,
                                                         include=tuple(include))
     if warning := _open_warning(private, token_secret): log(warning)
@@ -260,5 +264,6 @@ def push(path: str | Path = ".", # the project folder
     url = _upload(api, m, repo_id, private, how, log, token=_server_token(log) if token_secret
                   else None, **kw)
     log(f"Pushed {m.name} {m.version} to {url}")
-    if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {space_host(repo_id)}")
+    if api.endpoint.rstrip("/") == "https://huggingface.co":
+        log(f"  its server, once built: {space_host(repo_id)}")
     return url

@@ -64,7 +64,8 @@ def json_type(prop: dict # a property of a JSON schema
     "The type of `prop` in a word or a few: `string`, `integer | null`, `array`, a model's name, or `any`."
     if isinstance(prop.get("type"), str): return prop["type"]
     if isinstance(prop.get("type"), list): return " | ".join(prop["type"])
-    if alts := prop.get("anyOf") or prop.get("oneOf"): return " | ".join(dict.fromkeys(json_type(a) for a in alts))
+    if alts := prop.get("anyOf") or prop.get("oneOf"):
+        return " | ".join(dict.fromkeys(json_type(a) for a in alts))
     if "$ref" in prop: return prop["$ref"].rsplit("/", 1)[-1]
     return "any"
 
@@ -151,7 +152,9 @@ def image_for(target: str, # a target, as `lookup` gives it
              ) -> tuple[str, dict]:
     "The image that serves `target` and the environment variables that say what it serves: a built-in's own, a family's with `OPENENV_TARGET`."
     if fam := family(target): return image or default_tag(fam[0]), {"OPENENV_TARGET": target}
-    if image is None and not is_builtin(target): raise TargetError(f"{target} has no image of its own: build one (`openenv build`) and pass image=")
+    if image is None and not is_builtin(target):
+        raise TargetError(f"{target} has no image of its own: build one (`openenv build`) and pass "
+                          "image=")
     return image or default_tag(target), {}
 
 # %% ../nbs/16_registry.ipynb #21b70362
@@ -227,7 +230,9 @@ def space_headers(info, # `huggingface_hub`'s `SpaceInfo` of the Space
     "The headers a client sends to the app of the Space `info` describes: a private Space's token; none for a public one."
     if not info.private: return {}
     from huggingface_hub import get_token
-    if not (token := token or get_token()): raise SpaceError(f"Space {info.id} is private: give token=, set HF_TOKEN, or `hf auth login`")
+    if not (token := token or get_token()):
+        raise SpaceError(f"Space {info.id} is private: give token=, set HF_TOKEN, or `hf auth "
+                         "login`")
     return {"Authorization": f"Bearer {token}"}
 
 # %% ../nbs/16_registry.ipynb #ef97b2cb

@@ -459,7 +459,8 @@ def _parse_score(self: LLMJudge, reply: str) -> float:
     reply = reply or ""
     m = re.search(self.score_pattern, reply)
     try: score = float(m.group(1) if m.lastindex else m.group(0))
-    except (AttributeError, ValueError, IndexError): return self._failed(f"no score in the reply {reply[:200]!r}")
+    except (AttributeError, ValueError, IndexError):
+        return self._failed(f"no score in the reply {reply[:200]!r}")
     return max(0.0, min(1.0, score)) if self.normalize else score
 
 # %% ../nbs/00a_rubrics.ipynb #62c5a86d
@@ -502,7 +503,8 @@ def chat_reply(body: dict # a chat-completion response, parsed from JSON
               ) -> str:
     "The text of the first choice of a chat-completion response."
     try: return body["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError): raise ValueError(f"Not a chat completion: {str(body)[:200]}") from None
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"Not a chat completion: {str(body)[:200]}") from None
 
 # %% ../nbs/00a_rubrics.ipynb #dc27a6d1
 @patch

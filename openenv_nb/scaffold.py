@@ -38,8 +38,10 @@ def check_name(name: str # the project's name, e.g. `"my_env"`
     "`name`, if it can name a project; else a `ScaffoldError` that says why and what would do."
     hint = "use snake_case letters, digits and _, starting with a letter, e.g. 'my_env'"
     if not name: raise ScaffoldError(f"The name is empty: {hint}")
-    if not (name.isascii() and name.isidentifier()): raise ScaffoldError(f"{name!r} is not a valid Python identifier: {hint}")
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name): raise ScaffoldError(f"{name!r} is a Python keyword: pick another name")
+    if not (name.isascii() and name.isidentifier()):
+        raise ScaffoldError(f"{name!r} is not a valid Python identifier: {hint}")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise ScaffoldError(f"{name!r} is a Python keyword: pick another name")
     if name.startswith("_"): raise ScaffoldError(f"{name!r} starts with an underscore: {hint}")
     if name in sys.stdlib_module_names or name in RESERVED or name in sys.builtin_module_names:
         raise ScaffoldError(f"{name!r} is the name of a module Python or openenv-nb already has; "

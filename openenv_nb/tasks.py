@@ -85,9 +85,11 @@ def task_error(name: str, # the `TaskProvider` method that raised
                e: BaseException # what it raised
               ) -> HTTPException:
     "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500 naming the exception."
-    if isinstance(e, NotImplementedError): return HTTPException(501, f"{name} is not supported for this environment")
+    if isinstance(e, NotImplementedError):
+        return HTTPException(501, f"{name} is not supported for this environment")
     if isinstance(e, IndexError): return HTTPException(400, "Invalid task index")
-    if isinstance(e, (KeyError, ValueError)): return HTTPException(400, f"Invalid task request: {type(e).__name__}: {e}")
+    if isinstance(e, (KeyError, ValueError)):
+        return HTTPException(400, f"Invalid task request: {type(e).__name__}: {e}")
     return http_error(raised(e))
 
 # %% ../nbs/02a_tasks.ipynb #35fa6064
@@ -102,7 +104,8 @@ class TaskRoutes:
 def check(self, env_name: str # the name in the path
          ):
     "A 404 unless `env_name` is this environment's name, in any case."
-    if env_name.lower() != self.env_name.lower(): raise HTTPException(404, f"unknown environment {env_name!r}")
+    if env_name.lower() != self.env_name.lower():
+        raise HTTPException(404, f"unknown environment {env_name!r}")
 
 # %% ../nbs/02a_tasks.ipynb #b0eebd25
 @patch_to(TaskRoutes)
@@ -134,7 +137,8 @@ async def call(self, name: str, # a `TaskProvider` method
                *args):
     "`name(*args)` on a fresh environment (see `fresh`); what goes wrong is raised as `task_error`'s answer."
     f = self.hub.factory
-    if isinstance(f, type) and not callable(getattr(f, name, None)): raise task_error(name, NotImplementedError(name))
+    if isinstance(f, type) and not callable(getattr(f, name, None)):
+        raise task_error(name, NotImplementedError(name))
     async with self.fresh() as env:
         try:
             if not callable(fn := getattr(env, name, None)): raise NotImplementedError(name)

@@ -286,7 +286,8 @@ def tool_error(obs # a step's observation
     if not isinstance(obs, dict) or "tool_name" not in obs: return None
     if err := obs.get("error"): return f"{err.get('error_type', 'error')}: {err.get('message', err)}" if isinstance(err, dict) else str(err)
     result = obs.get("result")
-    if isinstance(result, dict) and (result.get("isError") or result.get("is_error")): return f"tool error: {as_text(tool_value(result))}"
+    if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
+        return f"tool error: {as_text(tool_value(result))}"
     return None
 
 # %% ../nbs/17_trl.ipynb #816c8a5a

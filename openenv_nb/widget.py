@@ -219,7 +219,8 @@ def tool_failure(obs: dict # an observation's fields
     err, res = obs.get("error"), obs.get("result")
     if isinstance(err, dict): return f"{err.get('error_type', 'error')}: {err.get('message', '')}"
     if err: return str(err)
-    if isinstance(res, dict) and (res.get("is_error") or res.get("isError")): return f"tool error: {_short(tool_value(res))}"
+    if isinstance(res, dict) and (res.get("is_error") or res.get("isError")):
+        return f"tool error: {_short(tool_value(res))}"
 
 # %% ../nbs/06_widget.ipynb #3d58e1d1
 def _said(obs: dict # an observation's fields
@@ -348,7 +349,8 @@ def show(self: Form, errors: dict # messages by field name; `""` clears one
         ):
     "Show `errors` beside their fields."
     for n, msg in errors.items():
-        if n in self.errors: self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
+        if n in self.errors:
+            self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
 
 # %% ../nbs/06_widget.ipynb #1b2dcdab
 @patch

@@ -89,7 +89,8 @@ class CodeSafetyTransform(Transform):
     "Reward `penalty` for code with a dangerous pattern (`safety_violation`), else 0.0."
     def __init__(self, penalty: float = -1.0): self.penalty = penalty
     def __call__(self, observation):
-        if not isinstance(observation, CodeObservation) or "last_code" not in observation.metadata: return observation
+        if not isinstance(observation, CodeObservation) or "last_code" not in observation.metadata:
+            return observation
         violation = safety_violation(observation.metadata["last_code"])
         if violation is not None:
             observation.reward = self.penalty
@@ -267,7 +268,8 @@ def _score(self: CodingEnvironment, action: CodeAction, observation: CodeObserva
           ) -> CodeObservation:
     "`observation`, with `task`'s score added to its reward; the step's rubric stays in `rubric` (`None` without a task)."
     self.rubric = None if task is None else coding_rubric(task, self.all_or_nothing)
-    if self.rubric is not None: observation.reward = (observation.reward or 0.0) + self._apply_rubric(action, observation)
+    if self.rubric is not None:
+        observation.reward = (observation.reward or 0.0) + self._apply_rubric(action, observation)
     return observation
 
 # %% ../../nbs/envs/coding.ipynb #9b4359bb

@@ -46,7 +46,8 @@ class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservatio
 
     def step(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
         self._state.step_count += 1
-        if not isinstance(action, EchoAction): return MCPEnvironment.step(self, action, timeout_s=timeout_s, **kwargs)
+        if not isinstance(action, EchoAction):
+            return MCPEnvironment.step(self, action, timeout_s=timeout_s, **kwargs)
         msg = action.message
         return self._apply_transform(EchoObservation(echoed_message=msg, message_length=len(msg),
                                                      reward=len(msg) * 0.1,

@@ -152,8 +152,10 @@ def in_space(space: spaces.Space # the space values must belong to
     exact = isinstance(space, EXACT)
     def check(v, handler):
         try: out = handler(v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v)
-        except ValidationError as e: raise ValueError(f"{v!r} is not in {space}: {_why(e)}") from None
-        if not exact and not space.contains(to_native(space, out)): raise ValueError(f"{v!r} is not in {space}")
+        except ValidationError as e:
+            raise ValueError(f"{v!r} is not in {space}: {_why(e)}") from None
+        if not exact and not space.contains(to_native(space, out)):
+            raise ValueError(f"{v!r} is not in {space}")
         return out
     return WrapValidator(check)
 
@@ -347,7 +349,8 @@ def _natives(space: spaces.Space, # the action space they share
              actions: list # checked actions, one per environment
             ) -> list | np.ndarray:
     "The actions as Gymnasium takes them, as `to_native` makes them: in one pass for a `Discrete` space."
-    if isinstance(space, spaces.Discrete): return np.asarray([a.action for a in actions], dtype=space.dtype)
+    if isinstance(space, spaces.Discrete):
+        return np.asarray([a.action for a in actions], dtype=space.dtype)
     return [to_native(space, a.action) for a in actions]
 
 # %% ../../nbs/envs/gym.ipynb #a85bd770
@@ -490,7 +493,8 @@ class GymEnv(EnvClient[GymAction, GymObservation, GymState]):
                  make_kwargs: dict | None = None, # the `gym.make` arguments the server uses (they may change the spaces)
                  **kwargs):
         super().__init__(base_url, **kwargs)
-        if env_id is not None: self.action_type, self.observation_type = gym_types(env_id, **(make_kwargs or {}))
+        if env_id is not None:
+            self.action_type, self.observation_type = gym_types(env_id, **(make_kwargs or {}))
 
 # %% ../../nbs/envs/gym.ipynb #db054622
 @patch(cls_method=True)

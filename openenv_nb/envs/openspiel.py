@@ -188,7 +188,8 @@ def load_game(game_name: str, # an OpenSpiel game, e.g. `"tic_tac_toe"`
               game_params: dict | None = None # its parameters, e.g. `{"rows": 8}`
              ) -> pyspiel.Game:
     "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error that says so."
-    if game_name not in pyspiel.registered_names(): raise unknown_name("openspiel", game_name, openspiel_names(), "game")
+    if game_name not in pyspiel.registered_names():
+        raise unknown_name("openspiel", game_name, openspiel_names(), "game")
     game = pyspiel.load_game(game_name, dict(game_params or {}))
     if game.get_type().dynamics == pyspiel.GameType.Dynamics.MEAN_FIELD:
         raise ValueError(f"{game_name} is a mean-field game: it has no seat for one agent")
@@ -313,7 +314,9 @@ def openspiel_env(game_name: str, # an OpenSpiel game, e.g. `"catch"`, `"tic_tac
     "The `Environment` class serving OpenSpiel's `game_name`: give it to `create_app`."
     game = load_game(game_name, game_params)
     pick_opponent(opponent)
-    if not 0 <= agent_player < game.num_players(): raise ValueError(f"agent_player must be 0 to {game.num_players() - 1} for {game_name}, got {agent_player}")
+    if not 0 <= agent_player < game.num_players():
+        raise ValueError(f"agent_player must be 0 to {game.num_players() - 1} for {game_name}, got "
+                         f"{agent_player}")
     return _game_class(game_name, json.dumps(game_params, sort_keys=True), opponent, agent_player,
                        float(illegal_reward))
 

@@ -175,7 +175,8 @@ def game_class(spec: EnvSpec # a registry entry
     module, name = spec.entry_point.split(":")
     try:
         with no_downloads(): cls = getattr(importlib.import_module(module), name)
-    except (ImportError, SyntaxError) as e: raise ImportError(f"TextArena's {spec.id} cannot be loaded here: {e}") from e
+    except (ImportError, SyntaxError) as e:
+        raise ImportError(f"TextArena's {spec.id} cannot be loaded here: {e}") from e
     return Wordle if cls is WordleEnv else cls
 
 # %% ../../nbs/envs/textarena.ipynb #bdf58db9
@@ -254,7 +255,8 @@ class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, Te
         "Play `action.message` for the player to move."
         # as upstream, whose environment is reset when made
         if self.episode_id is None: self.reset()
-        if self.done: raise ValueError(f"this episode of {self.env_id} is over: reset to play again")
+        if self.done:
+            raise ValueError(f"this episode of {self.env_id} is over: reset to play again")
         player = self.inner.state.current_player_id
         self.done, info = self._call(self.game.step, action.message)
         self.steps += 1
