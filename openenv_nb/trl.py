@@ -1,4 +1,4 @@
-"""Any openenv-nb environment as TRL's `environment_factory`: one persistent session per rollout, the environment's tools as methods, its reward for GRPO.
+"""Any environment as TRL's `environment_factory`: a session per rollout, tools as methods.
 
 Docs: https://openenv-nb.github.io/openenv-nb/trl.html.md"""
 
@@ -29,7 +29,7 @@ from .providers import LocalProcessProvider
 
 # %% ../nbs/17_trl.ipynb #90bf6ee8
 def resolve(schema: dict, # a JSON Schema, maybe a `{"$ref": "#/$defs/Name"}`
-            defs: dict | None = None # the definitions the refs point into (`$defs` or `definitions`)
+            defs: dict | None = None # what the refs point into (`$defs`, `definitions`)
            ) -> dict:
     "`schema`, its `$ref`s followed (a ref to nothing, or a loop of refs, gives `{}`)."
     seen = set()
@@ -50,7 +50,7 @@ SCALARS = (str, int, float, bool, type(None))  # what a `Literal` may hold
 def py_type(schema: dict, # a JSON Schema
             defs: dict | None = None # the definitions its refs point into
            ) -> Any:
-    "The Python type hint that stands for `schema`, as `transformers`' `get_json_schema` reads hints."
+    "The type hint for `schema`, as `transformers`' `get_json_schema` reads hints."
     s = resolve(schema, defs)
     if "const" in s and isinstance(s["const"], SCALARS): return Literal[s["const"]]
     if "enum" in s and s["enum"] and all(isinstance(v, SCALARS)
@@ -86,9 +86,9 @@ class Param:
     description: str = "" # what it is, for the model
 
 # %% ../nbs/17_trl.ipynb #33eb21aa
-def tool_params(schema: dict # an object's JSON Schema (a tool's `input_schema`, or an action's schema)
+def tool_params(schema: dict # an object's schema: a tool's `input_schema`, an action's
                ) -> list[Param]:
-    "The parameters of a tool taking `schema`, required ones first (Python wants them so), each in the schema's order."
+    "The parameters of a tool taking `schema`: required first (Python wants it), in schema order."
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     required, taken, params = set(schema.get("required", [])), set(), []
     for key, prop in (schema.get("properties") or {}).items():
@@ -101,7 +101,7 @@ def tool_params(schema: dict # an object's JSON Schema (a tool's `input_schema`,
 # %% ../nbs/17_trl.ipynb #1645cb44
 def tool_signature(params: list[Param] # the tool's parameters
                   ) -> inspect.Signature:
-    "The signature of a tool method: `self`, then each parameter by keyword, hinted, the optional ones with their default."
+    "A tool method's signature: `self`, then each parameter by keyword, hinted, with any default."
     ps = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     ps += [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=p.type,
                              default=inspect.Parameter.empty if p.required else p.default)
@@ -120,24 +120,25 @@ def tool_doc(description: str, # what the tool does
 # %% ../nbs/17_trl.ipynb #93841ef3
 @dataclass
 class ToolSpec:
-    "A tool to give the model: its name, description and argument schema, and how a call becomes an action."
+    "A tool for the model: name, description, argument schema, and how a call becomes an action."
     name: str # the tool's name, as the model calls it
     description: str # what it does
     input_schema: dict # JSON Schema of its arguments: an object
-    action: Callable[[dict], dict] = field(default=lambda args: args, repr=False) # the arguments, by property name -> the action sent
+    action: Callable[[dict], dict] = field(default=lambda args: args, repr=False) # args -> action
 
 # %% ../nbs/17_trl.ipynb #959dfa8d
 def tool_method(spec: ToolSpec, # the tool
                 async_tool: bool = False # make an `async def` method
                ) -> Callable:
-    "A method for `spec`, whose signature and docstring give its schema back through `get_json_schema`."
+    "A method for `spec`, whose signature and docstring give back its schema (`get_json_schema`)."
     params = tool_params(spec.input_schema)
     sig, keys = tool_signature(params), {p.name: p.key for p in params}
     def call(self, *args, **kwargs) -> str:
         bound = sig.bind(self, *args, **kwargs)
         return self._act(spec.action({keys[k]: v for k, v in bound.arguments.items()
                                       if k != "self"}))
-    async def acall(self, *args, **kwargs) -> str: return await asyncio.to_thread(call, self, *args, **kwargs)
+    async def acall(self, *args, **kwargs) -> str:
+        return await asyncio.to_thread(call, self, *args, **kwargs)
     f = acall if async_tool else call
     f.__name__ = f.__qualname__ = spec.name
     f.__signature__, f.__doc__ = sig, tool_doc(spec.description, params)
@@ -163,11 +164,12 @@ def target_of(source: str | type # a target, an `EnvClient` class, or an `Enviro
 
 # %% ../nbs/17_trl.ipynb #192bdf94
 class Endpoint:
-    "Where the instances of one factory connect: a URL, or the server(s) of a target, provider or pool, started once."
+    "Where one factory's instances connect: a URL, or the servers of a target, provider or pool."
     def __init__(self, source, # a URL, a target, a class, a provider or a `ServerPool`
                  max_sessions: int = 256, # sessions a server this endpoint starts will hold
-                 token: str | None = None): # the token a server this endpoint starts asks for (its `OPENENV_TOKEN`)
-        self.source, self.max_sessions, self.token, self.owned, self._next = source, max_sessions, token, None, None
+                 token: str | None = None): # the `OPENENV_TOKEN` of servers started here
+        self.source, self.max_sessions, self.token = source, max_sessions, token
+        self.owned, self._next = None, None
     def __repr__(self): return f"Endpoint({self.source!r})"
 
 # %% ../nbs/17_trl.ipynb #30cdab9e
@@ -222,11 +224,11 @@ def mcp_tools(url: str, # the server's base URL
 
 # %% ../nbs/17_trl.ipynb #4df6bc06
 def action_tool(url: str, # the server's base URL
-                name: str | None = None, # the tool's name; default: the action class's, less `Action`, in snake case
+                name: str | None = None, # default: the action class's, less `Action`, snake case
                 headers: dict | None = None, # more headers for the request
                 token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
                ) -> ToolSpec:
-    "The one tool of a classic environment: its action's fields as arguments, its action as what a call sends."
+    "A classic environment's one tool: its action's fields as arguments; a call sends the action."
     with HTTPEnvClient(url, headers=headers,
                        token=token) as http: schema = dict(http.schema()["action"])
     schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items()
@@ -256,9 +258,10 @@ def tool_specs(url: str, # the server's base URL
                headers: dict | None = None, # more headers for the requests
                token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
               ) -> list[ToolSpec]:
-    "The tools of the environment served at `url`: one per tool of a tool environment, else its action as one tool."
+    "The tools of the environment at `url`: one per tool of a tool environment, else its action."
     tools = mcp_tools(url, headers=headers, token=token)
-    return [call_tool_spec(t) for t in tools] if tools else [action_tool(url, tool_name, headers, token)]
+    return ([call_tool_spec(t) for t in tools] if tools
+            else [action_tool(url, tool_name, headers, token)])
 
 # %% ../nbs/17_trl.ipynb #39064aba
 def as_text(value) -> str:
@@ -284,7 +287,9 @@ def tool_error(obs # a step's observation
               ) -> str | None:
     "What went wrong in a tool call, when its observation says it failed."
     if not isinstance(obs, dict) or "tool_name" not in obs: return None
-    if err := obs.get("error"): return f"{err.get('error_type', 'error')}: {err.get('message', err)}" if isinstance(err, dict) else str(err)
+    if err := obs.get("error"):
+        return (f"{err.get('error_type', 'error')}: {err.get('message', err)}"
+                if isinstance(err, dict) else str(err))
     result = obs.get("result")
     if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
         return f"tool error: {as_text(tool_value(result))}"
@@ -307,37 +312,39 @@ def reward_fn(reward: str | Callable # a name in `REWARDS`, or a function of the
 
 # %% ../nbs/17_trl.ipynb #c9135a28
 class ToolEnv:
-    "One rollout's environment for TRL: `reset` with the dataset's columns, the environment's tools as methods, `get_reward`."
+    "A rollout's environment for TRL: `reset` with the row's columns, tools as methods, `get_reward`."
     _endpoint: Endpoint | None = None  # where sessions connect; set by `environment_factory`
     _specs: list = []  # the tools, as `ToolSpec`s
     _render = staticmethod(render_observation)  # observation -> text
     _reward = staticmethod(sum)  # rewards -> the episode's reward
     _exclude: frozenset = frozenset({"prompt"})  # dataset columns that are not reset arguments
     _auth: dict = {}  # `headers=` and `token=` of the clients (see `environment_factory`)
-    _instances: weakref.WeakSet = weakref.WeakSet()  # the live instances (each made class has its own)
+    _instances: weakref.WeakSet = weakref.WeakSet()  # live instances (a set per class)
     separator = "\n\n"  # put between the prompt and the first observation, which TRL appends to it
     # what a tool call gets after the episode ended
     over_text = "The episode is over: no more tool calls are taken."
 
     def __init__(self):
-        self.client, self.rewards, self.done, self.resets, self.observation = None, [], False, 0, None
+        self.client, self.rewards, self.done = None, [], False
+        self.resets, self.observation = 0, None
         type(self)._instances.add(self)
 
 # %% ../nbs/17_trl.ipynb #052383cf
 @patch
 def reset(self: ToolEnv, **kwargs) -> str:
-    "Start an episode with the dataset row's columns as reset arguments; the first observation, as text."
+    "Start an episode with the dataset row's columns as reset arguments; the observation as text."
     if self.client is None: self.client = GenericEnvClient(self._endpoint.url(),
                                                            **self._auth).sync()
     r = self.client.reset(**{k: v for k, v in kwargs.items() if k not in self._exclude})
-    self.rewards, self.done, self.observation = [] if r.reward is None else [r.reward], r.done, r.observation
+    self.rewards = [] if r.reward is None else [r.reward]
+    self.done, self.observation = r.done, r.observation
     self.resets += 1
     return self.separator + self._render(r.observation)
 
 # %% ../nbs/17_trl.ipynb #a2a43d80
 @patch
 def _act(self: ToolEnv, action: dict) -> str:
-    "Send `action` as one step; the observation as text (`ToolCallFailed` for a tool call that failed)."
+    "Send `action` as one step; the observation as text (`ToolCallFailed` if a tool call failed)."
     if self.done: return self.over_text
     if self.client is None: raise RuntimeError(f"{type(self).__name__}: call reset() before the "
                                                "tools")
@@ -370,18 +377,18 @@ def class_name(name: str # any name
     return "_" + name if name[0].isdigit() else name
 
 # %% ../nbs/17_trl.ipynb #849a8349
-def environment_factory(source, # a target (`"echo"`), a class, a server's URL, a provider or a `ServerPool`
-                        name: str | None = None, # the class's name, which TRL logs the reward under; default: the environment's
-                        tool_name: str | None = None, # a classic environment's tool name; default: from its action class
-                        render: Callable | None = None, # observation (a dict) -> text; default `render_observation`
-                        reward: str | Callable = "total", # the episode's reward: `"total"`, `"last"`, `"max"`, `"mean"` or a function of the rewards
+def environment_factory(source, # a target (`"echo"`), class, URL, provider or `ServerPool`
+                        name: str | None = None, # the class's name (TRL logs rewards under it)
+                        tool_name: str | None = None, # a classic environment's tool name
+                        render: Callable | None = None, # obs dict -> text; default: `render_observation`
+                        reward: str | Callable = "total", # a `REWARDS` name, or a function of rewards
                         exclude: tuple = ("prompt",), # dataset columns not passed to `reset`
                         async_tools: bool = False, # make the tool methods `async def`
-                        max_sessions: int = 256, # sessions of a server started here (one per rollout in a batch)
-                        headers: dict | None = None, # more headers for every request and session, e.g. a private Space's `Authorization`
-                        token: str | None = None, # the server's token (`None` reads `OPENENV_TOKEN`); a server started here asks for it
+                        max_sessions: int = 256, # sessions of a server started here
+                        headers: dict | None = None, # more headers: a private Space's `Authorization`
+                        token: str | None = None, # the server's token; default `OPENENV_TOKEN`
                        ) -> type[ToolEnv]:
-    "A class to give TRL's `GRPOTrainer(environment_factory=...)`: each instance is one rollout's session with the environment."
+    "A class for TRL's `GRPOTrainer(environment_factory=...)`: an instance per rollout's session."
     endpoint, auth = Endpoint(source, max_sessions, token), dict(headers=headers, token=token)
     url = endpoint.url()
     specs = tool_specs(url, tool_name, **auth)
@@ -396,11 +403,12 @@ def environment_factory(source, # a target (`"echo"`), a class, a server's URL, 
 
 # %% ../nbs/17_trl.ipynb #30592b1a
 def tiny_chat_tokenizer():
-    "A byte-level tokenizer with Qwen 2.5's chat template (tools included), built here: no download."
+    "A byte-level tokenizer with Qwen 2.5's chat template (tools too), built here: no download."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen2_5_chat_template
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[]))
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                             use_regex=False), decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
@@ -413,7 +421,7 @@ def tiny_chat_tokenizer():
 def tiny_causal_lm(tokenizer, # the tokenizer it will read (`tiny_chat_tokenizer()`)
                    seed: int = 0, # seed of the random weights
                    **config): # overrides of the `Qwen2Config` (e.g. `hidden_size=64`)
-    "A randomly initialised Qwen2 causal LM of a few thousand weights, for running a training loop on CPU."
+    "A random Qwen2 causal LM of a few thousand weights, to run a training loop on CPU."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     cfg = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
