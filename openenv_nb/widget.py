@@ -1,4 +1,4 @@
-"""`EnvPanel`: the web page's experience inside a notebook, as an ipywidgets panel: a form from the action schema (or one per tool), buttons, the observation with its images, a history and a reward plot with the rubric's components.
+"""`EnvPanel`: the web page in a notebook, as ipywidgets: forms, observation, history, reward plot.
 
 Docs: https://openenv-nb.github.io/openenv-nb/widget.html.md"""
 
@@ -23,7 +23,8 @@ from fastcore.basics import patch
 from pydantic import BaseModel, ValidationError
 
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
-from .forms import by_field, collect, form_fields, image_fields, is_image, is_tool_action, reward_parts, tool_forms, tool_spec
+from .forms import (by_field, collect, form_fields, image_fields, is_image, is_tool_action,
+                              reward_parts, tool_forms, tool_spec)
 from .mcp_client import tool_value
 from .types import EnvServerError, ResetRequest, StepResult
 
@@ -39,7 +40,7 @@ def as_client(env: Any # a server URL, an `EnvClient` (or its `.sync()` twin), o
 # %% ../nbs/06_widget.ipynb #9f2d6547
 def _session(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`, its URL known
             ) -> requests.Session:
-    "A `requests` session for the server of `client`: the client's headers (a token, say), and no proxy for a local server."
+    "A `requests` session for `client`'s server: the client's headers (a token), no proxy if local."
     s = requests.Session()
     s.headers.update(client.session.headers if isinstance(client, HTTPEnvClient)
                      else getattr(client, "headers", None) or {})
@@ -49,7 +50,7 @@ def _session(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`, 
 # %% ../nbs/06_widget.ipynb #371833a9
 def action_schema(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
                  ) -> dict:
-    "The action's JSON schema: from the client's action class when it has one, else from the server's `/schema`."
+    "The action's JSON schema: from the client's action class if any, else the server's `/schema`."
     cls = getattr(client, "action_type", None)
     if cls is not None: return cls.model_json_schema()
     if isinstance(client, HTTPEnvClient): return client.schema()["action"]
@@ -62,7 +63,7 @@ def action_schema(client: SyncEnvClient | HTTPEnvClient # a client from `as_clie
 # %% ../nbs/06_widget.ipynb #f2811063
 def rpc_tools(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
              ) -> list[dict]:
-    "The tools the server lists on `POST /mcp` (`tools/list`), as `tool_spec` dicts; `[]` when it lists none or cannot say."
+    "The tools the server lists on `POST /mcp` (`tools/list`) as `tool_spec` dicts; `[]` if none."
     if isinstance(client, SyncEnvClient) and client.base_url is None: client.connect()
     with _session(client) as s:
         try:
@@ -74,7 +75,7 @@ def rpc_tools(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
 # %% ../nbs/06_widget.ipynb #990f20c6
 def find_tools(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
               ) -> list[dict]:
-    "The environment's tools as `tool_spec` dicts: from the client's `list_tools` when it has one, else from `/mcp`."
+    "The environment's tools as `tool_spec` dicts: from the client's `list_tools`, else `/mcp`."
     if hasattr(client, "list_tools"):
         try: return [tool_spec(t) for t in client.list_tools()]
         except EnvServerError: pass  # a server without the `mcp` message: ask `/mcp`
@@ -98,9 +99,9 @@ PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#c
 
 # %% ../nbs/06_widget.ipynb #35089af6
 def plot_series(rewards: list[tuple[int, float]], # `(step, reward)` pairs, oldest first
-                parts: Iterable[tuple[int, dict]] = () # `(step, {component: score})` pairs, from `reward_parts`
+                parts: Iterable[tuple[int, dict]] = () # `(step, {component: score})`s: `reward_parts`
                ) -> dict[str, list[tuple[int, float]]]:
-    "The lines to draw: `reward`, then each rubric component but `total` (which the reward line shows); finite values only."
+    "The lines to draw: `reward`, then each rubric component but `total`; finite values only."
     ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     parts = list(parts)
     names = dict.fromkeys(k for _, d in parts for k in d if k != "total")
@@ -110,7 +111,7 @@ def plot_series(rewards: list[tuple[int, float]], # `(step, reward)` pairs, olde
     return {k: v for k, v in series.items() if v}
 
 # %% ../nbs/06_widget.ipynb #c79483cb
-def _line(pts: list[tuple[int, float]], x, y, # the points, and the functions that place a step and a value
+def _line(pts: list[tuple[int, float]], x, y, # the points; where a step and a value go
           colour: str, main: bool # the line's colour; the reward's line is thicker
          ) -> str:
     "One line of the plot, as SVG, with a dot per point while there are few."
@@ -118,7 +119,8 @@ def _line(pts: list[tuple[int, float]], x, y, # the points, and the functions th
     dots = "".join(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{2.5 if main else 2}" '
                    f'fill="{colour}"/>' for s, v in pts) if len(pts) <= 60 else ""
     dash = "" if main else ' stroke-dasharray="4 3"'
-    return f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="{2 if main else 1.5}"{dash}/>{dots}'
+    return (f'<polyline points="{line}" fill="none" stroke="{colour}" '
+            f'stroke-width="{2 if main else 1.5}"{dash}/>{dots}')
 
 # %% ../nbs/06_widget.ipynb #43c553a1
 def _legend(names: list[str] # the lines drawn, in order
@@ -130,7 +132,7 @@ def _legend(names: list[str] # the lines drawn, in order
 
 # %% ../nbs/06_widget.ipynb #d73786c4
 def reward_svg(points: list[tuple[int, float]], # `(step, reward)` pairs, oldest first
-               parts: Iterable[tuple[int, dict]] = (), # `(step, {component: score})` pairs, for the rubric's lines
+               parts: Iterable[tuple[int, dict]] = (), # `(step, {component: score})`s
                width: int = 520, height: int = 120) -> str:
     "A line plot of reward per step, and of each rubric component beside it, as inline SVG."
     series = plot_series(points, parts)
@@ -144,7 +146,8 @@ def reward_svg(points: list[tuple[int, float]], # `(step, reward)` pairs, oldest
     y = lambda v: T + (height - T - B) * (1 - (v - lo) / ((hi - lo) or 1))
     lines = "".join(_line(pts, x, y, c, n == "reward")
                     for (n, pts), c in zip(series.items(), cycle(PALETTE)))
-    last = f'<text x="{width - R}" y="{height - 4}" text-anchor="end">step {steps[-1]}</text>' if len(steps) > 1 else ""
+    last = (f'<text x="{width - R}" y="{height - 4}" text-anchor="end">step {steps[-1]}</text>'
+            if len(steps) > 1 else "")
     return (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
             'aria-label="reward per step" '
             f'style="max-width: 100%; height: auto; font: 10px monospace; fill: #667085">'
@@ -175,7 +178,7 @@ def frames_html(images: dict[str, str] # image fields by name, from `image_field
 # %% ../nbs/06_widget.ipynb #9a600522
 def observation_html(obs: dict, # the observation's fields
                      metadata: dict | None = None) -> str:
-    "The observation: its images drawn, then a table of its other fields, and of its metadata when there is any."
+    "The observation: its images drawn, then a table of its other fields and any metadata."
     images = image_fields(obs)
     rows = [(k, v) for k, v in obs.items()
             if k not in images] + ([("metadata", metadata)] if metadata else [])
@@ -191,7 +194,8 @@ def stats_html(reward, # the last reward, or `None`
                episode_id # the episode's id, when known
               ) -> str:
     "The four numbers at the top of the right pane."
-    tile = lambda label, v, cls="": f'<div class="oe-stat {cls}"><span>{label}</span><b title="{_e(v)}">{_e(v)}</b></div>'
+    tile = lambda label, v, cls="": (f'<div class="oe-stat {cls}"><span>{label}</span>'
+                                     f'<b title="{_e(v)}">{_e(v)}</b></div>')
     none = lambda v: "–" if v is None else v
     return ('<div class="oe-stats">' + tile("Reward",
                                             none(None if reward is None else _fmt(reward))) +
@@ -225,7 +229,7 @@ def tool_failure(obs: dict # an observation's fields
 # %% ../nbs/06_widget.ipynb #3d58e1d1
 def _said(obs: dict # an observation's fields
          ) -> str:
-    "An observation in one line: a tool call's value or failure; otherwise its fields, with images named, not spelled out."
+    "An observation in one line: a tool call's value or failure, else its fields (images named)."
     if "tool_name" in obs: return tool_failure(obs) or _short(tool_value(obs.get("result")))
     return _brief({k: "[image]" if is_image(v) else v for k, v in obs.items()})
 
@@ -322,7 +326,8 @@ def field_widget(spec: dict # a field from `form_fields`
 # %% ../nbs/06_widget.ipynb #b3d586b4
 def field_label(spec: dict) -> W.HTML:
     "The label over a field: its name, a mark when required, its type, description and limits."
-    req = '<span class="oe-req" title="required">*</span>' if spec["required"] and not spec["nullable"] else ""
+    req = ('<span class="oe-req" title="required">*</span>'
+           if spec["required"] and not spec["nullable"] else "")
     hint = " · ".join(x for x in (_e(spec["description"]), _e(_limits(spec))) if x)
     return W.HTML(f'<div class="oe-label"><b>{_e(spec["label"])}</b>{req} <span '
                   f'class="oe-type">{_e(_type(spec))}</span></div>'
@@ -339,7 +344,8 @@ class Form:
         rows = [W.VBox(([] if s["kind"] == "boolean" else [field_label(s)])
                        + [self.widgets[s["name"]], self.errors[s["name"]]])
                 for s in specs]
-        self.box = W.VBox(rows or [W.HTML('<span class="oe-muted">This action has no fields.</span>')])
+        self.box = W.VBox(rows or
+                          [W.HTML('<span class="oe-muted">This action has no fields.</span>')])
         for n, w in self.widgets.items(): w.observe(lambda ch, n=n: self.show({n: ""}),
                                                     names="value")
 
@@ -362,12 +368,13 @@ def read(self: Form) -> tuple[dict, dict]:
 
 # %% ../nbs/06_widget.ipynb #061d0b9c
 class EnvPanel:
-    "An environment in a notebook: the web page's form, buttons, observation, history and reward plot, as ipywidgets."
-    def __init__(self, env: Any, # a server URL, an `EnvClient` (e.g. `EchoEnv.from_local()`), its `.sync()` twin, or an `HTTPEnvClient`
+    "An environment in a notebook: the web page's form, buttons, observation, history and plot."
+    def __init__(self, env: Any, # a URL, `EnvClient`, its `.sync()` twin, or `HTTPEnvClient`
                  max_history: int = 50, # history rows kept, newest first
                 ):
         self.client, self.max_history = as_client(env), max_history
-        self.history, self.rewards, self.scores, self.steps, self.episode_id, self.last = [], [], [], None, None, None
+        self.history, self.rewards, self.scores = [], [], []
+        self.steps, self.episode_id, self.last = None, None, None
         # asked before `action_schema` opens the panel's session
         self.tools = find_tools(self.client)
         schema = action_schema(self.client)
@@ -384,7 +391,7 @@ class EnvPanel:
 # %% ../nbs/06_widget.ipynb #013d071b
 @patch
 def _build(self: EnvPanel):
-    "Make the widgets: the left pane (tool, form, buttons, progress, messages) and the right (numbers, observation, plot, history)."
+    "Make the widgets: the left pane (tool, form, buttons, messages), the right (numbers, results)."
     self.step_button = W.Button(description="Step", button_style="primary",
                                 tooltip="Send the action above")
     self.reset_button = W.Button(description="Reset", tooltip="Start a new episode")
@@ -396,11 +403,14 @@ def _build(self: EnvPanel):
                                   layout=W.Layout(width="auto", display=None if self.tools
                                                   else "none"))
     self.tool_picker.observe(lambda ch: self.choose(ch["new"]), names="value")
-    self.about, self.form_box, self.message, self.state_view = W.HTML(""), W.VBox([]), W.HTML(""), W.HTML("")
+    self.about, self.form_box = W.HTML(""), W.VBox([])
+    self.message, self.state_view = W.HTML(""), W.HTML("")
     self.progress = W.IntProgress(0, description="Playing", layout=W.Layout(display="none"))
     self.reset_options = W.Accordion([self.reset_form.box], titles=("Reset options",),
                                      selected_index=None)
-    self.stats, self.observation = W.HTML(stats_html(None, None, None, None)), W.HTML('<p class="oe-muted">No episode yet: press <b>Reset</b> to start one.</p>')
+    self.stats = W.HTML(stats_html(None, None, None, None))
+    self.observation = W.HTML('<p class="oe-muted">No episode yet: '
+                              'press <b>Reset</b> to start one.</p>')
     self.raw = W.Textarea("", disabled=True, layout=W.Layout(width="auto", height="160px"))
     self.raw.add_class("oe-code")
     self.raw_box = W.Accordion([self.raw], titles=("Raw JSON of the last reply",),
@@ -425,7 +435,8 @@ def choose(self: EnvPanel, name: str # a tool's name, or `""` for the environmen
     "Show the form for tool `name` (or for the action): what `step` and the Step button send next."
     if name not in self.forms: raise KeyError(f"No tool {name!r}: the panel has {list(self.forms)}")
     self.tool, self.form = name, self.forms[name]
-    self.fields, self.errors, self.form_box.children = self.form.widgets, self.form.errors, (self.form.box,)
+    self.fields, self.errors = self.form.widgets, self.form.errors
+    self.form_box.children = (self.form.box,)
     about = next((t["description"] for t in self.tools if t["name"] == name), "")
     self.about.value = f'<div class="oe-hint">{_e(about)}</div>' if about else ""
     self.tool_picker.value, self.step_button.description = name, "Call" if name else "Step"
@@ -442,7 +453,8 @@ def _say(self: EnvPanel, text: str # the message; `""` hides the line
 def _fail(self: EnvPanel, e: Exception # what a client call raised
          ):
     "Show `e`: beside the fields it names, or in the message line."
-    errors = e.errors() if isinstance(e, ValidationError) else (e.data.get("errors") if isinstance(e, EnvServerError) else None)
+    errors = (e.errors() if isinstance(e, ValidationError)
+              else (e.data.get("errors") if isinstance(e, EnvServerError) else None))
     if errors and isinstance(errors, list):
         placed, rest = by_field(errors, set(self.fields) | set(self.reset_form.widgets))
         self.form.show(placed); self.reset_form.show(placed)
@@ -455,7 +467,7 @@ def _fail(self: EnvPanel, e: Exception # what a client call raised
 @contextmanager
 def _busy(self: EnvPanel, what: str # what runs, e.g. `"Resetting"`
          ):
-    "While the block runs, the buttons are disabled and `what` is shown, so a long call shows that it is under way."
+    "While the block runs, disable the buttons and show `what`: a long call shows it is under way."
     buttons = (self.step_button, self.reset_button, self.state_button)
     for b in buttons: b.disabled = True
     self.message.value = f'<div class="oe-busy">{_e(what)}…</div>'
@@ -481,7 +493,9 @@ def _redraw(self: EnvPanel, result: StepResult, # the latest reply
             obs: dict, meta: dict | None # its observation's fields and metadata, from `_parts`
            ):
     "Show the latest reply: the numbers, the observation, its raw JSON, the plot and the history."
-    self.last = {"type": "observation", "data": {"observation": obs, "reward": result.reward, "done": result.done} | ({"metadata": meta} if meta else {})}
+    self.last = {"type": "observation",
+                 "data": {"observation": obs, "reward": result.reward, "done": result.done}
+                         | ({"metadata": meta} if meta else {})}
     self.raw.value = json.dumps(self.last, indent=2)
     self.stats.value = stats_html(result.reward, result.done, self.steps, self.episode_id)
     self.observation.value = observation_html(obs, meta)
@@ -513,7 +527,7 @@ def _record(self: EnvPanel,
 @patch
 def reset(self: EnvPanel, **kwargs # reset options, e.g. `seed`, `episode_id`; none reads the form
          ) -> StepResult | None:
-    "Start a new episode with `kwargs`, or with the reset options from the form; what the client returned."
+    "Start an episode with `kwargs`, or the form's reset options; what the client returned."
     if not kwargs:
         kwargs, errors = self.reset_form.read()
         if errors: self.reset_options.selected_index = 0; return None
@@ -524,21 +538,23 @@ def reset(self: EnvPanel, **kwargs # reset options, e.g. `seed`, `episode_id`; n
             # the HTTP routes are stateless: no episode to ask about
             if not isinstance(self.client, HTTPEnvClient):
                 with_state = self.client.state()
-                self.episode_id = with_state.get("episode_id") if isinstance(with_state, dict) else with_state.episode_id
+                self.episode_id = (with_state.get("episode_id") if isinstance(with_state, dict)
+                                   else with_state.episode_id)
         except Exception as e: return self._fail(e)
     self._record("reset", kwargs, result)
     return result
 
 # %% ../nbs/06_widget.ipynb #ee05cad9
 @patch
-def step(self: EnvPanel, action: Any = None # an action or a dict of fields; `None` reads the form on screen
+def step(self: EnvPanel, action: Any = None # an action or dict of fields; `None`: the form's
         ) -> StepResult | None:
-    "Step with `action` (or the form's: a tool's form sends a `call_tool` step), and show the result; what the client returned."
+    "Step with `action` (or the form's), and show the result; what the client returned."
     if action is None:
         action, errors = self.form.read()
         if errors: return None  # shown beside the fields; nothing is sent
         if self.tool: action = {"type": "call_tool", "tool_name": self.tool, "arguments": action}
-    sent = action if isinstance(action, dict) else action.model_dump(mode="json", exclude={"metadata"})
+    sent = (action if isinstance(action, dict)
+            else action.model_dump(mode="json", exclude={"metadata"}))
     with self._busy(f"Sending {_did(sent)}"):
         try: result = self.client.step(action)
         except Exception as e: return self._fail(e)
@@ -559,11 +575,12 @@ def state(self: EnvPanel):
 
 # %% ../nbs/06_widget.ipynb #4b9a2d97
 @patch
-def play(self: EnvPanel, actions: Iterable # actions or dicts of fields (a tool call: `{"type": "call_tool", ...}`), in order
+def play(self: EnvPanel, actions: Iterable # actions or dicts of fields, in order
         ) -> int:
-    "Step with each of `actions` in turn, counting on a progress bar, until one fails or the episode is done; the steps taken."
+    "Step with each of `actions`, on a progress bar, until one fails or the episode ends."
     actions = list(actions)
-    self.progress.max, self.progress.value, self.progress.layout.display = max(len(actions), 1), 0, None
+    self.progress.max, self.progress.value = max(len(actions), 1), 0
+    self.progress.layout.display = None
     try:
         for a in actions:
             if (r := self.step(a)) is None: break
@@ -583,5 +600,5 @@ def close(self: EnvPanel):
 @patch
 def call(self: EnvPanel, tool_name: str, # the tool
          **arguments) -> StepResult | None: # its arguments, by name
-    "Call tool `tool_name` with `arguments` as a `call_tool` step, and show the result; what the client returned."
+    "Call tool `tool_name` with `arguments` as a `call_tool` step and show it; the client's result."
     return self.step({"type": "call_tool", "tool_name": tool_name, "arguments": arguments})
