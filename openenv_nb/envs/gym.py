@@ -73,7 +73,8 @@ def _box(space: spaces.Box) -> Any:
 
 # %% ../../nbs/envs/gym.ipynb #330f0708
 @space_type.register
-def _multi_binary(space: spaces.MultiBinary) -> Any: return nested(Annotated[int, Field(ge=0, le=1)], space.shape)
+def _multi_binary(space: spaces.MultiBinary) -> Any:
+    return nested(Annotated[int, Field(ge=0, le=1)], space.shape)
 
 # %% ../../nbs/envs/gym.ipynb #a86a3fa4
 @space_type.register
@@ -82,7 +83,8 @@ def _multi_discrete(space: spaces.MultiDiscrete) -> Any:
 
 # %% ../../nbs/envs/gym.ipynb #b279c9b0
 @space_type.register
-def _text(space: spaces.Text) -> Any: return Annotated[str, Field(min_length=space.min_length, max_length=space.max_length)]
+def _text(space: spaces.Text) -> Any:
+    return Annotated[str, Field(min_length=space.min_length, max_length=space.max_length)]
 
 # %% ../../nbs/envs/gym.ipynb #db7e73cf
 @space_type.register
@@ -118,7 +120,7 @@ def to_native(space: spaces.Space, # the space the value belongs to
 
 # %% ../../nbs/envs/gym.ipynb #48d2ca55
 def jsonable(x: Any) -> Any:
-    "`x` with numpy arrays and scalars made Python lists and numbers, recursively (tuples stay tuples)."
+    "`x` with numpy arrays and scalars made Python lists and numbers, recursively (tuples stay)."
     if isinstance(x, (np.ndarray, np.generic)): return x.tolist()
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, tuple): return tuple(jsonable(v) for v in x)
@@ -133,7 +135,7 @@ def _why(e: ValidationError) -> str:
 
 # %% ../../nbs/envs/gym.ipynb #22473a26
 class _Named:
-    "Pydantic metadata: every error of the type it annotates becomes one error with `message`, raised in pydantic's core."
+    "Pydantic metadata: any error of the type it annotates becomes one with `message`."
     def __init__(self, message: str): self.message = message
     def __get_pydantic_core_schema__(self, source, handler):
         return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space",
@@ -145,7 +147,7 @@ EXACT = (spaces.Discrete, spaces.MultiBinary)
 
 def in_space(space: spaces.Space # the space values must belong to
             ) -> WrapValidator | _Named:
-    "A validator for `space_type(space)` that also asks `space.contains` (where the type does not say all), naming `space` in every error."
+    "A validator for `space_type(space)` also asking `space.contains`, naming `space` in errors."
     if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer "
                                                          f"from {space.start} to "
                                                          f"{space.start + space.n - 1}")
@@ -206,7 +208,7 @@ def _types(env_id: str, make: str) -> tuple[type[GymAction], type[GymObservation
 def gym_types(env_id: str, # a registered id, e.g. `"CartPole-v1"`
               **kwargs # `gym.make` arguments (JSON values)
              ) -> tuple[type[GymAction], type[GymObservation]]:
-    "The action and observation classes of `env_id`, their fields typed by its spaces (made once per id and arguments)."
+    "The action and observation classes of `env_id`, typed by its spaces (made once per id)."
     return _types(env_id, json.dumps(kwargs, sort_keys=True))
 
 # %% ../../nbs/envs/gym.ipynb #16ddc6b2
@@ -224,33 +226,35 @@ def png(image: np.ndarray, # `uint8`, shape `(h, w)` (grey), `(h, w, 3)` (RGB) o
     rows = np.concatenate([np.zeros((h, 1), np.uint8),
                            np.ascontiguousarray(image, np.uint8).reshape(h, -1)], axis=1)
     header = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + _chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header)
+            + _chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + _chunk(b"IEND", b""))
 
 # %% ../../nbs/envs/gym.ipynb #242978e8
 class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
-    "A Gymnasium environment, served: `reset` and `step` as Gymnasium's, `terminated` and `truncated` both kept."
+    "A Gymnasium environment, served: `reset`, `step` as Gymnasium's, `terminated`, `truncated` kept."
     SUPPORTS_CONCURRENT_SESSIONS = True
     env_id: str | None = None  # set on the classes that `gym_env` makes
     make_kwargs: dict = {}
 
-    def __init__(self, env_id: str | None = None, # a registered id, e.g. `"CartPole-v1"`; default the class's
-                 **kwargs # `gym.make` arguments, over the class's (`render_mode="rgb_array"` adds frames)
+    def __init__(self, env_id: str | None = None, # a registered id (`"CartPole-v1"`); default the class's
+                 **kwargs # `gym.make` arguments, over the class's
                 ):
         super().__init__()
         self.env_id, self.kwargs = env_id or self.env_id, {**self.make_kwargs, **kwargs}
         if self.env_id is None: raise ValueError("GymEnvironment needs an env_id, e.g. "
                                                  "GymEnvironment('CartPole-v1'), or a class from "
                                                  "gym_env()")
-        if self.kwargs.get("render_mode") == "rgb_array": os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames need no display
+        if self.kwargs.get("render_mode") == "rgb_array":  # frames need no display
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         self.env = gym.make(self.env_id, **self.kwargs)
         # read once: wrappers forward them slowly
         self.action_space, self.renders = self.env.action_space, self.env.render_mode == "rgb_array"
         self.action_type, self.observation_type = gym_types(self.env_id, **self.kwargs)
         self.episode_id, self.steps = None, 0
 
-    def reset(self, seed: int | None = None, # reseeds the environment: the same seed and actions give the same episode
+    def reset(self, seed: int | None = None, # the same seed and actions give the same episode
               episode_id: str | None = None, # the new episode's id; default a fresh one
-              options: dict | None = None, # Gymnasium's reset options, e.g. `{"low": -0.01, "high": 0.01}` for CartPole
+              options: dict | None = None, # Gymnasium's reset options, e.g. `{"low": -0.01}`
               **kwargs) -> GymObservation:
         "Start an episode."
         obs, info = self.env.reset(seed=seed, options=options)
@@ -259,7 +263,8 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
 
     def step(self, action: GymAction, timeout_s: float | None = None, **kwargs) -> GymObservation:
         "Apply `action`: one element of the action space."
-        obs, reward, terminated, truncated, info = self.env.step(to_native(self.action_space, action.action))
+        obs, reward, terminated, truncated, info = self.env.step(
+            to_native(self.action_space, action.action))
         self.steps += 1
         return self._observe(obs, reward, terminated, truncated, info)
 
@@ -274,15 +279,15 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
 # %% ../../nbs/envs/gym.ipynb #33ca9253
 @functools.cache
 def _names(cls: type[BaseModel]) -> tuple[frozenset, set] | None:
-    "The field names of `cls`, as a frozenset and as a set to copy (read once: `model_fields` is slow to read); `None` when it has private attributes."
+    "The field names of `cls`, as a frozenset and a set to copy; `None` when it has private attributes."
     return None if cls.__private_attributes__ else (frozenset(cls.model_fields),
                                                     set(cls.model_fields))
 
 # %% ../../nbs/envs/gym.ipynb #596c5c62
 def trusted(cls: type[BaseModel], # a pydantic model class
-            **fields # a value for every field, already of the field's type (in the fields' order, as validation leaves them)
+            **fields # every field's value, already of its type, in order
            ) -> BaseModel:
-    "An instance of `cls` holding `fields` unchecked: what `model_construct` makes, without its per-field work."
+    "An instance of `cls` holding `fields` unchecked: `model_construct`'s, without its per-field work."
     names = _names(cls)
     # fields left out, or private attributes
     if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)
@@ -296,7 +301,7 @@ def trusted(cls: type[BaseModel], # a pydantic model class
 # %% ../../nbs/envs/gym.ipynb #dd6e9cbf
 @patch
 def _observe(self: GymEnvironment, obs, reward, terminated, truncated, info) -> GymObservation:
-    "What Gymnasium returned, as this environment's observation class (the info in `metadata`), built with `trusted`."
+    "What Gymnasium returned, as the observation class (info in `metadata`), built with `trusted`."
     return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated),
                                          reward=float(reward),
                                          metadata=jsonable(info) if info else {}, obs=jsonable(obs),
@@ -322,7 +327,7 @@ def get_metadata(self: GymEnvironment) -> EnvironmentMetadata:
 
 # %% ../../nbs/envs/gym.ipynb #9b21d8da
 class InlineGymEnvironment(GymEnvironment):
-    "A `GymEnvironment` that the server calls on its event loop: for environments whose steps take microseconds."
+    "A `GymEnvironment` the server calls on its event loop: for steps that take microseconds."
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           **kwargs) -> GymObservation:
         "`reset`, on the event loop."
@@ -348,7 +353,7 @@ def runs_inline(env_id: str, # a registered id
 def _natives(space: spaces.Space, # the action space they share
              actions: list # checked actions, one per environment
             ) -> list | np.ndarray:
-    "The actions as Gymnasium takes them, as `to_native` makes them: in one pass for a `Discrete` space."
+    "The actions as Gymnasium takes them (`to_native`): in one pass for a `Discrete` space."
     if isinstance(space, spaces.Discrete):
         return np.asarray([a.action for a in actions], dtype=space.dtype)
     return [to_native(space, a.action) for a in actions]
@@ -357,7 +362,7 @@ def _natives(space: spaces.Space, # the action space they share
 def _step_all(envs: list, # `GymEnvironment`s
               actions # their actions, as Gymnasium takes them
              ) -> list:
-    "Each environment's Gymnasium step (the exception it raised, where one did), its step count kept."
+    "Each environment's Gymnasium step (or the exception it raised), its step count kept."
     out = []
     for e, a in zip(envs, actions):
         try: out.append(e.env.step(a))
@@ -368,7 +373,7 @@ def _step_all(envs: list, # `GymEnvironment`s
 # %% ../../nbs/envs/gym.ipynb #9d1c0b4d
 def _columns(out: list # Gymnasium's step results, or exceptions
             ) -> Steps:
-    "`out` as `Steps`: each observation as `_observe` and `to_envelope` make it (no frame, no transform)."
+    "`out` as `Steps`: each observation as `_observe` and `to_envelope` make it (no frame)."
     n = len(out)
     obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
     for i, r in enumerate(out):
@@ -385,7 +390,7 @@ _FIELDS = frozenset(GymObservation.model_fields)
 
 def _declines(envs: list # `GymEnvironment`s of one class
              ) -> bool:
-    "Whether the hooks leave `envs` to `step` and `reset`: one has a transform or renders, has spaces other than the first's, or its observation class other fields."
+    "Whether the hooks leave `envs` to `step` and `reset`: one transforms, renders or differs."
     first = envs[0]
     if (_names(first.observation_type) or (None,))[0] != _FIELDS: return True
     return any(e.transform is not None or e.renders or e.action_type is not first.action_type
@@ -403,7 +408,7 @@ def step_batch(cls: GymEnvironment, envs: list, # instances of `cls`
 # %% ../../nbs/envs/gym.ipynb #0ab4b78e
 def _reset_all(envs: list # `GymEnvironment`s
               ) -> list:
-    "Each environment reset as `reset()` resets it (the exception it raised, where one did), as a step result with reward 0."
+    "Each environment reset as `reset()` does (or the exception it raised), as a step with reward 0."
     out = []
     for e in envs:
         try: obs, info = e.env.reset(seed=None, options=None)
@@ -431,7 +436,8 @@ async def reset_batch_async(cls: InlineGymEnvironment, envs: list) -> Steps | No
     return cls.reset_batch(envs)
 
 # %% ../../nbs/envs/gym.ipynb #e29810b0
-REWARDS = {  # the name of an id (before `-v`) -> (the range of one step's reward, the best return: a number, "steps" or None)
+# an id's name (before `-v`) -> (a step's reward range, the best return: a number, "steps", None)
+REWARDS = {
     "CartPole": ((0.0, 1.0), "steps"), "FrozenLake": ((0.0, 1.0), 1.0),
     "Acrobot": ((-1.0, 0.0), None), "MountainCar": ((-1.0, 0.0), None),
     "Pendulum": ((-16.2736045, 0.0), None), "CliffWalking": ((-100.0, -1.0), None),
@@ -443,7 +449,7 @@ REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")
 def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
                      **kwargs # its `gym.make` arguments
                     ) -> dict:
-    "`reward_range` and `max_return` of `env_id` made with `kwargs`, where `REWARDS` knows them; empty where it does not."
+    "`reward_range` and `max_return` of `env_id` made with `kwargs`, where `REWARDS` knows them."
     name = env_id.rpartition("/")[2].rpartition("-v")[0]
     if name not in REWARDS or any(k in kwargs for k in REWARD_ARGS): return {}
     (low, high), best = REWARDS[name]
@@ -465,16 +471,16 @@ def _env_class(env_id: str, make: str, inline: bool | None) -> type[GymEnvironme
 
 # %% ../../nbs/envs/gym.ipynb #53c7063e
 def gym_env(env_id: str, # a registered id, e.g. `"CartPole-v1"`
-            inline: bool | None = None, # run on the server's event loop; default: for classic control and toy text
+            inline: bool | None = None, # run on the event loop; default: classic control, toy text
             **kwargs # `gym.make` arguments (JSON values), e.g. `render_mode="rgb_array"`
            ) -> type[GymEnvironment]:
-    "The `Environment` class serving `env_id`: give it to `create_app`; an unknown id names the nearest ones."
+    "The `Environment` class serving `env_id`, for `create_app`; an unknown id names the nearest."
     if env_id not in gym.registry: raise unknown_name("gym", env_id, gym.registry)
     return _env_class(env_id, json.dumps(kwargs, sort_keys=True), inline)
 
 # %% ../../nbs/envs/gym.ipynb #d7aa3d28
 def gym_names() -> list[str]:
-    "The ids `openenv serve gym:ID` takes here: Gymnasium's registry, and what installed packages register in it."
+    "The ids `openenv serve gym:ID` takes here: Gymnasium's registry, with what packages register."
     return sorted(gym.registry)
 
 # %% ../../nbs/envs/gym.ipynb #cd11a106
@@ -486,11 +492,11 @@ def make_gym_target(spec: str # what follows `gym:` in `openenv serve gym:SPEC`
 
 # %% ../../nbs/envs/gym.ipynb #328860aa
 class GymEnv(EnvClient[GymAction, GymObservation, GymState]):
-    "Client for a served Gymnasium environment; `GymEnv.from_local(\"CartPole-v1\")` serves one on this machine."
+    "Client for a served Gymnasium environment; `GymEnv.from_local(\"CartPole-v1\")` serves one here."
     @delegates(EnvClient.__init__)
     def __init__(self, base_url: str | None = None, # the server
-                 env_id: str | None = None, # type actions and observations by this environment's spaces
-                 make_kwargs: dict | None = None, # the `gym.make` arguments the server uses (they may change the spaces)
+                 env_id: str | None = None, # type actions and observations by its spaces
+                 make_kwargs: dict | None = None, # the server's `gym.make` arguments
                  **kwargs):
         super().__init__(base_url, **kwargs)
         if env_id is not None:
@@ -500,10 +506,10 @@ class GymEnv(EnvClient[GymAction, GymObservation, GymState]):
 @patch(cls_method=True)
 def from_local(cls: GymEnv, env_id: str, # a registered id, e.g. `"CartPole-v1"`
                max_sessions: int = 64, # sessions the server will hold
-               make_kwargs: dict | None = None, # `gym.make` arguments, e.g. `{"render_mode": "rgb_array"}`
+               make_kwargs: dict | None = None, # e.g. `{"render_mode": "rgb_array"}`
                **kwargs # passed on to the client
               ) -> GymEnv:
-    "A typed client for `env_id` served in a subprocess on this machine (`openenv serve gym:ENV_ID`), started on `connect`."
+    "A typed client for `env_id` served in a subprocess here (`openenv serve gym:ENV_ID`) on `connect`."
     target = "gym:" + join_spec(env_id, **(make_kwargs or {}))
     return super(GymEnv, cls).from_local(target, max_sessions=max_sessions, env_id=env_id,
                                          make_kwargs=make_kwargs, **kwargs)
