@@ -31,8 +31,8 @@ class Transform(ABC, Generic[ObsT]):
 # %% ../nbs/01_environment.ipynb #3a317b8c
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     "An episode-based environment, Gymnasium style: `reset`, then `step` until `done`."
-    SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing, so one server may hold many at once
-    rubric: Rubric | None = None  # scores each step, when the environment computes its reward with one
+    SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing: a server may hold many
+    rubric: Rubric | None = None  # scores each step, if the reward comes from one
     reward_range: tuple[float, float] = (-math.inf, math.inf)  # every step's reward lies within it
     max_return: float | None = None  # the best total reward of one episode, when there is one
     # optional classmethods stepping many instances at once (see `batch_hook`)
@@ -70,14 +70,14 @@ def _apply_transform(self: Environment, observation: ObsT) -> ObsT:
 @patch
 async def reset_async(self: Environment, seed: int | None = None, episode_id: str | None = None,
                       **kwargs) -> ObsT:
-    "Async `reset`; by default calls the sync one. Override only with code that never blocks the event loop."
+    "Async `reset`; by default calls the sync one. Override only with code that never blocks."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
 # %% ../nbs/01_environment.ipynb #b5072c6c
 @patch
 async def step_async(self: Environment, action: ActT, timeout_s: float | None = None,
                      **kwargs) -> ObsT:
-    "Async `step`; by default calls the sync one. Override only with code that never blocks the event loop."
+    "Async `step`; by default calls the sync one. Override only with code that never blocks."
     return self.step(action, timeout_s=timeout_s, **kwargs)
 
 # %% ../nbs/01_environment.ipynb #457d7c5e
@@ -168,13 +168,13 @@ def env_types(env: type | Callable # an `Environment` subclass (or a factory ann
 # %% ../nbs/01_environment.ipynb #f9dfc18a
 @patch
 def reference_solution(self: Environment) -> list | None:
-    "Actions that earn `max_return` from the episode just reset; `None` when the environment declares none."
+    "Actions that earn `max_return` from the episode just reset; `None` when none are declared."
     return None
 
 # %% ../nbs/01_environment.ipynb #c954e6fa
 @patch
 def answer(self: Environment) -> str | None:
-    "What the agent must find in the episode just reset, which no observation may show; `None` when there is none."
+    "What the agent must find in the episode just reset, which no observation may show; or `None`."
     return None
 
 # %% ../nbs/01_environment.ipynb #6af64e86
@@ -193,7 +193,7 @@ def _option(text: str) -> Any:
 def split_spec(spec: str, # `NAME?KEY=VALUE&...`, e.g. `"FrozenLake-v1?is_slippery=false"` (with `named=False`, `KEY=VALUE&...`)
                named: bool = True, # the spec starts with a name (an id, a game); else it holds options only (a leading `?` allowed)
               ) -> tuple[str, dict]:
-    "The name and the options of a target spec, each value JSON where it parses; a `ValueError` says what is malformed."
+    "The name and options of a target spec, values JSON where they parse; `ValueError` if malformed."
     name, _, query = spec.partition("?") if named else ("", "", spec.removeprefix("?"))
     if named and (not name or "=" in name
                   or "&" in name): raise ValueError(f"target spec {spec!r} must start with a name: "
@@ -222,7 +222,7 @@ def unknown_name(family: str, # the family, as `openenv list FAMILY` names it, e
                  names: Iterable[str], # the names there are
                  what: str = "environment", # what a name stands for: an environment, a game, an opponent
                 ) -> ValueError:
-    "The error for a `name` that is not among `names`: the nearest ones, and the command that lists them all."
+    "The error for a `name` not among `names`: the nearest ones, and the command listing them all."
     names = list(names)
     low = {n.lower(): n for n in names}
     near = [low[n] for n in difflib.get_close_matches(name.lower(), list(low), n=3, cutoff=0.6)]

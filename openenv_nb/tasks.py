@@ -1,4 +1,4 @@
-"""The Task API: an environment that holds tasks in splits lets clients browse them over HTTP, and `reset(split=, index=)` plays one.
+"""The Task API: clients browse an environment's tasks over HTTP; `reset(split=, index=)` plays one.
 
 Docs: https://openenv-nb.github.io/openenv-nb/tasks.html.md"""
 
@@ -25,7 +25,7 @@ from .environment import Environment
 # %% ../nbs/02a_tasks.ipynb #b7eccbd8
 @runtime_checkable
 class TaskProvider(Protocol):
-    "The methods an environment writes to offer tasks; each may be `async`, and none may change the environment."
+    "The methods an environment writes to offer tasks; each may be `async`; none may change it."
     def list_splits(self) -> list: "The splits: names, or dicts or models with a `name` and a `type`."
     def list_tasks(self, split: str) -> list: "The tasks of `split` (a preview, where a split is too large to list)."
     def num_tasks(self, split: str) -> int: "How many tasks `split` holds."
@@ -35,7 +35,7 @@ class TaskProvider(Protocol):
 
 # %% ../nbs/02a_tasks.ipynb #d5e1dd07
 def jsonable(x: Any) -> Any:
-    "`x` as JSON data: models by their fields, other objects by their attributes, anything else as its text."
+    "`x` as JSON data: models by their fields, other objects by their attributes, else its text."
     if x is None or isinstance(x, (str, int, float, bool)): return x
     if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
     if isinstance(x, dict): return {k: jsonable(v) for k, v in x.items()}
@@ -84,7 +84,7 @@ def http_error(frame: dict # an error frame
 def task_error(name: str, # the `TaskProvider` method that raised
                e: BaseException # what it raised
               ) -> HTTPException:
-    "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500 naming the exception."
+    "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500."
     if isinstance(e, NotImplementedError):
         return HTTPException(501, f"{name} is not supported for this environment")
     if isinstance(e, IndexError): return HTTPException(400, "Invalid task index")
@@ -94,7 +94,7 @@ def task_error(name: str, # the `TaskProvider` method that raised
 
 # %% ../nbs/02a_tasks.ipynb #35fa6064
 class TaskRoutes:
-    "The Task API of one server: its routes, bound to the hub's factory and answering to one environment name."
+    "The Task API of one server: its routes, bound to the hub's factory, answering to one name."
     def __init__(self, hub: Hub, # the server's shared state; its factory makes the environments the routes ask
                  env_name: str | None = None): # the name in the paths; by default the factory's, as in OpenEnv
         self.hub, self.env_name = hub, env_name or getattr(hub.factory, "__name__", "environment")
@@ -120,7 +120,7 @@ async def run(self, fn, # a task method of an environment
 @patch_to(TaskRoutes)
 @contextlib.asynccontextmanager
 async def fresh(self) -> AsyncIterator[Environment]:
-    "A new environment, holding one of the server's slots until it is closed; the capacity error when none is free."
+    "A new environment, holding a server slot until closed; the capacity error when none is free."
     hub = self.hub
     if hub.active >= hub.max_sessions: raise http_error(at_capacity(hub))
     hub.active += 1

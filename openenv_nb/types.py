@@ -84,7 +84,7 @@ _LIFTED = {"reward", "done"}
 def to_envelope(obs: Observation, # the observation an environment returned
                 metadata: bool = True # unused: kept for callers of the old `metadata` extension
                ) -> dict:
-    "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, plus `metadata` when not empty."
+    "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, any `metadata`."
     # `model_dump` without its wrapper
     fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)
     env = {"observation": fields, "reward": obs.reward, "done": obs.done}
@@ -114,11 +114,11 @@ class StepResult(Generic[ObsT]):
     observation: ObsT
     reward: float | None = None
     done: bool = False
-    metadata: dict | None = None  # the observation's metadata, as openenv 0.10's `StepResult` carries it
+    metadata: dict | None = None  # the observation's metadata, as 0.10's `StepResult` has it
 
 # %% ../nbs/00_types.ipynb #7007cca5
 def from_envelope(env: dict, # an envelope as received
-                  obs_cls: type[Observation] | None = None # the environment's observation class; `None` keeps a dict
+                  obs_cls: type[Observation] | None = None # the observation class; `None` keeps a dict
                  ) -> StepResult:
     "Parse an envelope into a `StepResult`, typed with `obs_cls` when given."
     obs, reward, done = env.get("observation") or {}, env.get("reward"), bool(env.get("done", False))
@@ -202,14 +202,14 @@ _RUN, _SPACED_RUN = b"0" * 19, b" " + b"0" * 19
 
 def _long_int(raw: bytes # JSON text, as UTF-8
              ) -> bool:
-    "Whether `raw` may hold an integer of 19 digits or more: a run of 19 digits with no digit or `.` before it."
+    "Whether `raw` may hold an integer of 19+ digits: 19 digits with no digit or `.` before them."
     t = raw.translate(_DIGITS)
     return t.startswith(_RUN) or _SPACED_RUN in t
 
 # %% ../nbs/00_types.ipynb #7dc7cdf6
 def loads(text: str | bytes # JSON text
          ) -> Any:
-    "`json.loads(text)`, computed by orjson wherever that gives the same result; `json`'s result or error otherwise."
+    "`json.loads(text)`, by orjson where that gives the same result; else `json`'s result or error."
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if not _long_int(raw):
         try: return orjson.loads(raw)
@@ -219,7 +219,7 @@ def loads(text: str | bytes # JSON text
 # %% ../nbs/00_types.ipynb #8c90039e
 def dumps(obj: Any # what to write: dicts, lists, strings, numbers, `None`
          ) -> bytes:
-    "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson when it can, else by `json`."
+    "`obj` as compact UTF-8 JSON, as Starlette's `JSONResponse` writes it: by orjson if it can, else `json`."
     try: return orjson.dumps(obj)
     except orjson.JSONEncodeError: return json.dumps(obj, ensure_ascii=False, allow_nan=False,
                                                      separators=(",", ":")).encode()
