@@ -1,4 +1,4 @@
-"""Docker images of environments: the rules every image follows, the build context, and `build` (what `openenv build` runs).
+"""Docker images of environments: the rules every image follows, the build context, and `build`.
 
 Docs: https://openenv-nb.github.io/openenv-nb/images.html.md"""
 
@@ -29,7 +29,8 @@ import openenv_nb
 from .providers import docker_client, host_network
 
 # %% ../nbs/10_images.ipynb #10f3c85d
-IMAGES = {  # built-in image -> what it adds to a server's requirements: an extra of openenv-nb, or a core requirement only it uses
+# built-in image -> what it adds to a server's requirements: an extra, or a core requirement only it uses
+IMAGES = {
     "echo": (), "coding": ("smolagents",), "gym": ("openenv-nb[gym]",),
     "openspiel": ("openenv-nb[openspiel]",),
     "textarena": ("openenv-nb[textarena]",), "chess": ("openenv-nb[chess]",)}
@@ -44,7 +45,7 @@ def builtin_dockerfile(name: str # a key of `IMAGES`: `"echo"`, `"coding"`, `"gy
     return (resources.files("openenv_nb") / "docker" / f"{name}.Dockerfile").read_text()
 
 # %% ../nbs/10_images.ipynb #d9c394ac
-def project_dockerfile(target: str = "server.app:app", # what `openenv serve` serves: `module:attribute`, importable from the project folder
+def project_dockerfile(target: str = "server.app:app", # what `openenv serve` serves: `module:attribute`
                       ) -> str:
     "The reference Dockerfile of an environment project folder, serving `target` by default."
     text = (resources.files("openenv_nb") / "docker" / "project.Dockerfile").read_text()
@@ -52,7 +53,7 @@ def project_dockerfile(target: str = "server.app:app", # what `openenv serve` se
 
 # %% ../nbs/10_images.ipynb #68602bc4
 def _instructions(text: str) -> list[str]:
-    "The instructions of the Dockerfile `text`, one a string, continuations joined, comments left out."
+    "The instructions of Dockerfile `text`, one a string, continuations joined, comments out."
     lines = (l.strip() for l in re.sub(r"\\\n", " ", text).splitlines())
     return [l for l in lines if l and not l.startswith("#")]
 
@@ -125,7 +126,7 @@ def extra_requirements(extra: str # an extra of openenv-nb, e.g. `"gym"`
 # %% ../nbs/10_images.ipynb #e4680ad0
 def image_requirements(name: str # a key of `IMAGES`
                       ) -> list[str]:
-    "What the built-in image `name` installs before openenv-nb's wheel: the server's requirements and what `IMAGES` adds."
+    "What built-in image `name` installs before the wheel: the server's requirements, what `IMAGES` adds."
     adds = IMAGES[name]
     core = [r for r in requirements() if _project(r) not in map(_project, CLIENT_SIDE)
             or _project(r) in map(_project, adds)]
@@ -188,7 +189,7 @@ def package_wheel(dest: str | Path # folder to write the wheel to
 # %% ../nbs/10_images.ipynb #9477ba61
 def _docker_line(line: str # one line of a `.dockerignore`
                 ) -> str:
-    "The `.gitignore` line that means what the `.dockerignore` line `line` means: anchored at the root."
+    "The `.gitignore` line meaning what `.dockerignore` line `line` means: anchored at the root."
     line = line.strip()
     neg = line.startswith("!")
     pat = line[neg:].strip().lstrip("/")
@@ -207,7 +208,7 @@ def ignore_rules(path: Path, # an ignore file; none there gives no rules
                  base: str = "", # its folder, relative to the project, ending in `/`
                  docker: bool = False, # read it as a `.dockerignore` rather than a `.gitignore`
                 ) -> list[tuple[str, GitIgnoreSpec]]:
-    "The rules of the ignore file `path`: `[(base, its patterns)]`, or `[]` when there is no such file."
+    "The rules of ignore file `path`: `[(base, its patterns)]`, or `[]` when there is no such file."
     if not path.is_file(): return []
     lines = path.read_text(errors="replace").splitlines()
     return [(base, GitIgnoreSpec.from_lines(filter(_readable, map(_docker_line, lines) if docker
@@ -218,7 +219,7 @@ def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
             relpath: str, # a path relative to the project, `/`-separated
             is_dir: bool = False, # whether it is a folder
            ) -> bool:
-    "Whether `rules` leave out `relpath`: the deepest ignore file with a pattern that matches it decides, as in git."
+    "Whether `rules` leave out `relpath`: the deepest ignore file with a matching pattern decides."
     out = False
     for base, spec in rules:
         if relpath.startswith(base) and (hit := spec.check_file(relpath[len(base):] + "/" * is_dir).include) is not None:
@@ -226,7 +227,8 @@ def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
     return out
 
 # %% ../nbs/10_images.ipynb #726a7627
-SECRETS = {  # wildmatch pattern (matched at any depth, and inside a matching folder): what such a file holds
+# wildmatch pattern (matched at any depth, and inside a matching folder): what such a file holds
+SECRETS = {
     ".aws/": "AWS credentials", "**/.config/gcloud/": "Google Cloud credentials",
     ".azure/": "Azure credentials",
     ".ssh/": "ssh keys", "id_rsa*": "an ssh key", "id_ed25519*": "an ssh key",
@@ -307,7 +309,7 @@ _ALWAYS = ("Dockerfile", ".dockerignore", "server/Dockerfile")
 def context_files(root: str | Path, # a project folder
                   include: tuple = (), # wildmatch patterns of files to take although ignored or secret
                  ) -> tuple[list[str], dict[str, str]]:
-    "The files of project `root` that go into its image, and those left out for a reason worth telling, with it."
+    "The files of project `root` that go into its image, and those left out for a reason worth telling."
     root, files, told = Path(root).resolve(), [], {}
     inc = GitIgnoreSpec.from_lines(filter(_readable, include))
     docker = ignore_rules(root / ".dockerignore", docker=True)
@@ -445,11 +447,11 @@ def _drop(client, image_id: str | None, keep: str):
 # %% ../nbs/10_images.ipynb #7f81b1a7
 def build(path: str | Path = ".", # a project folder holding a Dockerfile, or a key of `IMAGES`
           tag: str | None = None, # the image's tag; default `openenv-<name>:latest`
-          base_image: str | None = None, # the `BASE_IMAGE` build argument; default `$OPENENV_BASE_IMAGE`, else the Dockerfile's
-          build_args: dict | None = None, # more build arguments (they stay in the image's history: no secrets)
+          base_image: str | None = None, # default `$OPENENV_BASE_IMAGE`, else the Dockerfile's
+          build_args: dict | None = None, # more build arguments (kept in history: no secrets)
           no_cache: bool = False, # rebuild every layer
           network: str | None = None, # network of the build's `RUN` steps, e.g. `"host"`; default: see above
-          include: tuple = (), # wildmatch patterns of project files to take although ignored or secret (`stage`)
+          include: tuple = (), # patterns of files to take although ignored (`stage`)
           log=print, # called with each line of the build log
          ) -> str:
     "Build the image of an environment, streaming the engine's log through `log`; the image's tag."

@@ -1,4 +1,4 @@
-"""`openenv init`: a new environment project, written in a notebook, that serves, tests, validates and builds as it stands; with `--mcp`, a tool environment.
+"""`openenv init`: a new environment project in a notebook that serves, tests and builds as is.
 
 Docs: https://openenv-nb.github.io/openenv-nb/scaffold.html.md"""
 
@@ -86,7 +86,7 @@ def template_files(kind: str = "env" # the template's folder under `openenv_nb/t
 # %% ../nbs/12_scaffold.ipynb #0f2a0e93
 def kind_files(mcp: bool = False # the tool environment's template, laid over the classic one
               ) -> dict[str, str]:
-    "The template's files: the classic environment's, or with `mcp` the tool environment's in place of the ones it replaces."
+    "The template's files: the classic environment's, or with `mcp` the tool environment's."
     return template_files() | (template_files("mcp") if mcp else {})
 
 # %% ../nbs/12_scaffold.ipynb #96d93deb
@@ -123,7 +123,7 @@ def reprint(fname: str, # the file's name
 
 # %% ../nbs/12_scaffold.ipynb #a709452d
 def project_files(name: str, # a checked project name
-                  mcp: bool = False, # a tool environment (`MCPEnvironment`) rather than a classic one
+                  mcp: bool = False, # a tool environment (`MCPEnvironment`), not a classic one
                  ) -> dict[str, str]:
     "Every file of project `name`: its path and its text."
     subs = placeholders(name)
@@ -169,7 +169,7 @@ def _made_parents(parent: Path) -> list[Path]:
 
 # %% ../nbs/12_scaffold.ipynb #0d352197
 def _publish(tmp: Path, target: Path):
-    "Give `tmp` the mode of a new folder and rename it to `target`, taking the place of an empty folder there."
+    "Give `tmp` a new folder's mode and rename it to `target`, in place of an empty folder there."
     umask = os.umask(0); os.umask(umask)
     tmp.chmod(0o777 & ~umask)
     if target.is_dir(): target.rmdir()
