@@ -1,4 +1,4 @@
-"""Chess for one agent, against a built-in opponent: moves in UCI or SAN, the board as FEN, legal moves and an SVG picture.
+"""Chess for one agent, against a built-in opponent: moves in UCI or SAN, the board as FEN and SVG.
 
 Docs: https://openenv-nb.github.io/openenv-nb/envs/chess.html.md"""
 
@@ -75,7 +75,7 @@ def parse_move(board: chess.Board, # the position
 
 # %% ../../nbs/envs/chess.ipynb #ab7d6602
 def game_result(board: chess.Board) -> str | None:
-    "`1-0`, `0-1` or `1/2-1/2` once the game is over, else `None`; fifty moves and threefold repetition end it too."
+    "`1-0`, `0-1` or `1/2-1/2` once the game is over (fifty moves, threefold repetition too), else `None`."
     if (outcome := board.outcome()) is not None: return outcome.result()
     return "1/2-1/2" if board.is_fifty_moves() or board.is_repetition(3) else None
 
@@ -100,7 +100,7 @@ def negamax(board: chess.Board, # the position, searched in place (restored on r
             depth: int, # half-moves to look ahead
             alpha: int = -10**9, beta: int = 10**9 # the window: scores outside it are only bounds
            ) -> int:
-    "The value of `board` for the side to move, `depth` half-moves deep: material, or `MATE` (sooner is bigger)."
+    "The value of `board` for the side to move, `depth` half-moves deep: material, or `MATE`."
     if depth == 0: return material(board) if board.turn == chess.WHITE else -material(board)
     # captures first: more cut-offs
     moves = sorted(board.legal_moves, key=board.is_capture, reverse=True)
@@ -165,7 +165,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
                  depth: int | None = None, # the `search` opponent's depth, in half-moves
                  agent_color: str | None = None, # `white`, `black`, or `random` (drawn at each reset)
                  max_moves: int | None = None, # half-moves after which the game is a draw
-                 illegal_reward: float | None = None, # the reward for a move that is not legal (it is not played)
+                 illegal_reward: float | None = None, # the reward for an illegal move (not played)
                  svg: bool | None = None): # put the board as an SVG in every observation's `frame`
         super().__init__()
         given = dict(opponent=opponent, depth=depth, agent_color=agent_color, max_moves=max_moves,
@@ -194,7 +194,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
 
     def step(self, action: ChessAction, timeout_s: float | None = None,
              **kwargs) -> ChessObservation:
-        "Play the agent's move, then the opponent's reply; a move that is not legal is refused with `illegal_reward`."
+        "Play the agent's move, then the opponent's reply; an illegal move earns `illegal_reward`."
         if not self.started: self.reset()  # a step before any reset plays a new game, as in OpenEnv
         self._state.step_count += 1
         if self._result() is not None: return self._observe(0.0,

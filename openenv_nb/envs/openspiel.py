@@ -101,7 +101,7 @@ def sample_chance(state: pyspiel.State, # a chance node
 def info_state(state: pyspiel.State, # any state of the game
                player: int # the seat whose view to read
               ) -> list[float]:
-    "`player`'s information-state tensor, or its observation tensor where the game has none (`[]` if neither)."
+    "`player`'s information-state tensor, or else its observation tensor (`[]` if neither)."
     kind = state.get_game().get_type()
     if kind.provides_information_state_tensor: return list(state.information_state_tensor(player))
     if kind.provides_observation_tensor: return list(state.observation_tensor(player))
@@ -124,10 +124,10 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
     # `openspiel_env` sets these per game
     game_name, game_params, opponent, agent_player, illegal_reward = "catch", {}, "random", 0, -0.1
 
-    def __init__(self, game_name: str | None = None, # an OpenSpiel game, e.g. `"tic_tac_toe"`; default the class's
+    def __init__(self, game_name: str | None = None, # an OpenSpiel game (`"tic_tac_toe"`); default the class's
                  opponent: str | None = None, # the other seats' policy, a key of `OPPONENTS`
                  agent_player: int | None = None, # the agent's seat
-                 illegal_reward: float | None = None, # the reward for an illegal action, which is not played
+                 illegal_reward: float | None = None, # the reward for an illegal action (not played)
                  game_params: dict | None = None): # the game's parameters, e.g. `{"rows": 8}`
         super().__init__()
         given = dict(game_name=game_name, opponent=opponent, agent_player=agent_player,
@@ -160,7 +160,7 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
 
     def step(self, action: OpenSpielAction, timeout_s: float | None = None,
              **kwargs) -> OpenSpielObservation:
-        "Play `action` for the agent, then chance and the opponents up to the agent's next turn or the end."
+        "Play `action` for the agent, then chance and opponents up to the agent's next turn or the end."
         # a step before any reset plays a new game, as in OpenEnv
         if self.gstate is None: self.reset()
         self._state.step_count += 1
@@ -179,7 +179,7 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
 
 # %% ../../nbs/envs/openspiel.ipynb #587a9721
 def openspiel_names() -> list[str]:
-    "The games `openenv serve openspiel:GAME` takes: every game OpenSpiel registers, mean-field ones aside."
+    "The games `openenv serve openspiel:GAME` takes: all OpenSpiel registers, but mean-field ones."
     mean_field = pyspiel.GameType.Dynamics.MEAN_FIELD
     return sorted(g.short_name for g in pyspiel.registered_games() if g.dynamics != mean_field)
 
@@ -187,7 +187,7 @@ def openspiel_names() -> list[str]:
 def load_game(game_name: str, # an OpenSpiel game, e.g. `"tic_tac_toe"`
               game_params: dict | None = None # its parameters, e.g. `{"rows": 8}`
              ) -> pyspiel.Game:
-    "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error that says so."
+    "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error."
     if game_name not in pyspiel.registered_names():
         raise unknown_name("openspiel", game_name, openspiel_names(), "game")
     game = pyspiel.load_game(game_name, dict(game_params or {}))
@@ -233,7 +233,7 @@ def _play(self: OpenSpielEnvironment, action_id: int):
 # %% ../../nbs/envs/openspiel.ipynb #9b1dca39
 @patch
 def _gain(self: OpenSpielEnvironment) -> float:
-    "What the agent's return grew by since the last call: its reward for all that was played in between."
+    "What the agent's return grew by since the last call: its reward for all played in between."
     now = self.gstate.returns()[self.agent_player]
     gain, self.returns = now - self.returns, now
     return gain
@@ -306,9 +306,9 @@ def _game_class(game_name: str, params: str, opponent: str, agent_player: int,
 
 # %% ../../nbs/envs/openspiel.ipynb #b531b8e6
 def openspiel_env(game_name: str, # an OpenSpiel game, e.g. `"catch"`, `"tic_tac_toe"`, `"2048"`
-                  opponent: str = "random", # the other seats' policy, a key of `OPPONENTS` (a `reset` may change it)
+                  opponent: str = "random", # the other seats' policy, a key of `OPPONENTS`
                   agent_player: int = 0, # the agent's seat (a `reset` may change it)
-                  illegal_reward: float = -0.1, # the reward for an illegal action, which is not played
+                  illegal_reward: float = -0.1, # the reward for an illegal action (not played)
                   **game_params # the game's parameters, e.g. `rows=8` for catch
                  ) -> type[OpenSpielEnvironment]:
     "The `Environment` class serving OpenSpiel's `game_name`: give it to `create_app`."
