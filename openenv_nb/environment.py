@@ -31,12 +31,14 @@ class Transform(ABC, Generic[ObsT]):
 # %% ../nbs/01_environment.ipynb #3a317b8c
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     "An episode-based environment, Gymnasium style: `reset`, then `step` until `done`."
-    SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing, so one server may hold many at once
-    rubric: Rubric | None = None  # scores each step, when the environment computes its reward with one
+    SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing: a server may hold many
+    rubric: Rubric | None = None  # scores each step, if the reward comes from one
     reward_range: tuple[float, float] = (-math.inf, math.inf)  # every step's reward lies within it
     max_return: float | None = None  # the best total reward of one episode, when there is one
-    step_batch = step_batch_async = None  # optional classmethods stepping many instances at once (see `batch_hook`)
-    reset_batch = reset_batch_async = None  # optional classmethods resetting many instances (no arguments) at once
+    # optional classmethods stepping many instances at once (see `batch_hook`)
+    step_batch = step_batch_async = None
+    # optional classmethods resetting many instances (no arguments) at once
+    reset_batch = reset_batch_async = None
 
     def __init__(self, transform: Transform | None = None, rubric: Rubric | None = None):
         self.transform, self.rubric = transform, rubric
@@ -61,18 +63,21 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
 @patch
 def _apply_transform(self: Environment, observation: ObsT) -> ObsT:
     "`observation` passed through the environment's transform, if it has one."
-    return self.transform(observation) if getattr(self, "transform", None) is not None else observation
+    return self.transform(observation) if getattr(self, "transform",
+                                                  None) is not None else observation
 
 # %% ../nbs/01_environment.ipynb #fe0ff1a7
 @patch
-async def reset_async(self: Environment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> ObsT:
-    "Async `reset`; by default calls the sync one. Override only with code that never blocks the event loop."
+async def reset_async(self: Environment, seed: int | None = None, episode_id: str | None = None,
+                      **kwargs) -> ObsT:
+    "Async `reset`; by default calls the sync one. Override only with code that never blocks."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
 # %% ../nbs/01_environment.ipynb #b5072c6c
 @patch
-async def step_async(self: Environment, action: ActT, timeout_s: float | None = None, **kwargs) -> ObsT:
-    "Async `step`; by default calls the sync one. Override only with code that never blocks the event loop."
+async def step_async(self: Environment, action: ActT, timeout_s: float | None = None,
+                     **kwargs) -> ObsT:
+    "Async `step`; by default calls the sync one. Override only with code that never blocks."
     return self.step(action, timeout_s=timeout_s, **kwargs)
 
 # %% ../nbs/01_environment.ipynb #457d7c5e
@@ -98,7 +103,8 @@ def batch_hook(cls: type, # an environment class
               ) -> tuple[Callable, bool] | None:
     "`cls`'s `(KIND_batch_async, True)` or `(KIND_batch, False)`; `None` when it has neither, or overrides `KIND` or `KIND_async` below the hook."
     mro, sync, on_loop = cls.__mro__, f"{kind}_batch", f"{kind}_batch_async"
-    def where(*names): return next((n for n, k in enumerate(mro) if any(x in k.__dict__ for x in names)), len(mro))
+    def where(*names): return next((n for n, k in enumerate(mro)
+                                    if any(x in k.__dict__ for x in names)), len(mro))
     at = where(sync, on_loop)
     if at == len(mro) or at > where(kind) or at > where(f"{kind}_async"): return None
     return (getattr(cls, on_loop), True) if getattr(cls, on_loop) is not None else (getattr(cls, sync), False) if getattr(cls, sync) is not None else None
@@ -109,7 +115,8 @@ def get_metadata(self: Environment) -> EnvironmentMetadata:
     "What `/metadata` reports: by default the class name and the first line of its docstring."
     name = type(self).__name__
     doc = (inspect.getdoc(type(self)) or "").strip().splitlines()
-    return EnvironmentMetadata(name=name, description=doc[0] if doc else f"{name} environment", version="1.0.0")
+    return EnvironmentMetadata(name=name, description=doc[0] if doc else f"{name} environment",
+                               version="1.0.0")
 
 # %% ../nbs/01_environment.ipynb #f4d9bcc3
 @patch
@@ -119,7 +126,8 @@ def _apply_rubric(self: Environment, action: ActT, observation: ObsT) -> float:
     score = self.rubric(action, observation)
     if inspect.isawaitable(score):
         if inspect.iscoroutine(score): score.close()
-        raise TypeError(f"{type(self.rubric).__name__} scores asynchronously: use `await self._apply_rubric_async(...)` in `step_async`")
+        raise TypeError(f"{type(self.rubric).__name__} scores asynchronously: use `await "
+                        "self._apply_rubric_async(...)` in `step_async`")
     return score
 
 # %% ../nbs/01_environment.ipynb #2876b3f5
@@ -160,13 +168,13 @@ def env_types(env: type | Callable # an `Environment` subclass (or a factory ann
 # %% ../nbs/01_environment.ipynb #f9dfc18a
 @patch
 def reference_solution(self: Environment) -> list | None:
-    "Actions that earn `max_return` from the episode just reset; `None` when the environment declares none."
+    "Actions that earn `max_return` from the episode just reset; `None` when none are declared."
     return None
 
 # %% ../nbs/01_environment.ipynb #c954e6fa
 @patch
 def answer(self: Environment) -> str | None:
-    "What the agent must find in the episode just reset, which no observation may show; `None` when there is none."
+    "What the agent must find in the episode just reset, which no observation may show; or `None`."
     return None
 
 # %% ../nbs/01_environment.ipynb #6af64e86
@@ -185,14 +193,18 @@ def _option(text: str) -> Any:
 def split_spec(spec: str, # `NAME?KEY=VALUE&...`, e.g. `"FrozenLake-v1?is_slippery=false"` (with `named=False`, `KEY=VALUE&...`)
                named: bool = True, # the spec starts with a name (an id, a game); else it holds options only (a leading `?` allowed)
               ) -> tuple[str, dict]:
-    "The name and the options of a target spec, each value JSON where it parses; a `ValueError` says what is malformed."
+    "The name and options of a target spec, values JSON where they parse; `ValueError` if malformed."
     name, _, query = spec.partition("?") if named else ("", "", spec.removeprefix("?"))
-    if named and (not name or "=" in name or "&" in name): raise ValueError(f"target spec {spec!r} must start with a name: NAME?key=value")
+    if named and (not name or "=" in name
+                  or "&" in name): raise ValueError(f"target spec {spec!r} must start with a name: "
+                                                    "NAME?key=value")
     options = {}
     for field in query.split("&") if query else []:
         key, eq, value = field.partition("=")
-        if not key or not eq: raise ValueError(f"target spec {spec!r}: option {field!r} is not key=value")
-        if (key := unquote_plus(key)) in options: raise ValueError(f"target spec {spec!r} sets {key!r} twice")
+        if not key or not eq: raise ValueError(f"target spec {spec!r}: option {field!r} is not "
+                                               "key=value")
+        if (key := unquote_plus(key)) in options:
+            raise ValueError(f"target spec {spec!r} sets {key!r} twice")
         options[key] = _option(unquote_plus(value))
     return name, options
 
@@ -201,7 +213,8 @@ def join_spec(name: str, # the name, e.g. `"FrozenLake-v1"`; `""` for a family w
               **options # the options, each written as JSON
              ) -> str:
     "The target spec of `name` with `options`: what `split_spec` reads back."
-    return name + ("?" + urlencode({k: json.dumps(v) for k, v in options.items()}) if options else "")
+    return name + ("?" + urlencode({k: json.dumps(v) for k, v in options.items()}) if options
+                   else "")
 
 # %% ../nbs/01_environment.ipynb #818e13c2
 def unknown_name(family: str, # the family, as `openenv list FAMILY` names it, e.g. `"gym"`
@@ -209,9 +222,10 @@ def unknown_name(family: str, # the family, as `openenv list FAMILY` names it, e
                  names: Iterable[str], # the names there are
                  what: str = "environment", # what a name stands for: an environment, a game, an opponent
                 ) -> ValueError:
-    "The error for a `name` that is not among `names`: the nearest ones, and the command that lists them all."
+    "The error for a `name` not among `names`: the nearest ones, and the command listing them all."
     names = list(names)
     low = {n.lower(): n for n in names}
     near = [low[n] for n in difflib.get_close_matches(name.lower(), list(low), n=3, cutoff=0.6)]
     hint = f"; did you mean {', '.join(near)}?" if near else ""
-    return ValueError(f"{family} has no {what} {name!r}{hint} (`openenv list {family}` lists all {len(names)})")
+    return ValueError(f"{family} has no {what} {name!r}{hint} (`openenv list {family}` lists all "
+                      f"{len(names)})")

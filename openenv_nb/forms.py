@@ -17,9 +17,11 @@ from typing import Any, Iterable
 
 # %% ../nbs/04a_forms.ipynb #7466d826
 SKIPPED = {"metadata"}  # framework fields the form leaves out
-CODE_NAMES = {"code", "script", "source", "source_code", "program", "patch", "diff", "sql"}  # strings shown as code
+# strings shown as code
+CODE_NAMES = {"code", "script", "source", "source_code", "program", "patch", "diff", "sql"}
 TEXT_KINDS = ("string", "textarea", "code")  # kinds whose entry is sent as typed
-LIMITS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern")
+LIMITS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+          "pattern")
 
 # %% ../nbs/04a_forms.ipynb #b43b83be
 def _deref(p: dict, # a property's schema
@@ -28,7 +30,8 @@ def _deref(p: dict, # a property's schema
     "`p` with a `$ref` (or a one-item `allOf`) replaced by what it points to, keeping `p`'s own keys."
     ref = p.get("$ref") or (p["allOf"][0].get("$ref") if len(p.get("allOf") or []) == 1 else None)
     if not ref: return p
-    return {**defs.get(ref.rsplit("/", 1)[-1], {}), **{k: v for k, v in p.items() if k not in ("$ref", "allOf")}}
+    return {**defs.get(ref.rsplit("/", 1)[-1], {}),
+            **{k: v for k, v in p.items() if k not in ("$ref", "allOf")}}
 
 # %% ../nbs/04a_forms.ipynb #63ffcb6f
 def _unwrap(p: dict, # a property's schema
@@ -40,7 +43,8 @@ def _unwrap(p: dict, # a property's schema
     if not opts: return p, p.get("type") == "null"
     rest = [_deref(o, defs) for o in opts if o.get("type") != "null"]
     inner = rest[0] if len(rest) == 1 else {}  # several types: a JSON field
-    return {**inner, **{k: v for k, v in p.items() if k not in ("anyOf", "oneOf")}}, len(rest) < len(opts)
+    return {**inner, **{k: v for k, v in p.items()
+                        if k not in ("anyOf", "oneOf")}}, len(rest) < len(opts)
 
 # %% ../nbs/04a_forms.ipynb #855b6690
 def _kind(name: str, # the field's name
@@ -52,7 +56,8 @@ def _kind(name: str, # the field's name
     if t in ("boolean", "integer", "number"): return t
     if t != "string": return "json"
     if p.get("format") in ("code", "python") or name.lower() in CODE_NAMES: return "code"
-    if p.get("format") in ("textarea", "multiline") or p.get("maxLength", 0) > 256: return "textarea"
+    if p.get("format") in ("textarea", "multiline") or p.get("maxLength", 0) > 256:
+        return "textarea"
     return "string"
 
 # %% ../nbs/04a_forms.ipynb #40226323
@@ -68,7 +73,8 @@ def field_spec(name: str, # the field's name in the action
             "required": required, "nullable": nullable}
     if "default" in p: spec["default"] = p["default"]
     if kind == "enum": spec["options"] = list(p["enum"]) if "enum" in p else [p["const"]]
-    if kind == "json": spec["json_type"] = p.get("type") if p.get("type") in ("array", "object") else None
+    if kind == "json":
+        spec["json_type"] = p.get("type") if p.get("type") in ("array", "object") else None
     return spec | {k: p[k] for k in LIMITS if k in p}
 
 # %% ../nbs/04a_forms.ipynb #af3ad38b
@@ -77,7 +83,8 @@ def form_fields(schema: dict, # the JSON schema of an action (or of a reset requ
                ) -> list[dict]:
     "The fields of a form for `schema`, in its order, without those named in `skip`."
     defs, req = schema.get("$defs", {}), set(schema.get("required", []))
-    return [field_spec(n, p, n in req, defs) for n, p in (schema.get("properties") or {}).items() if n not in skip]
+    return [field_spec(n, p, n in req, defs) for n, p in (schema.get("properties") or {}).items()
+            if n not in skip]
 
 # %% ../nbs/04a_forms.ipynb #5fca024c
 class _Omit:
@@ -123,11 +130,13 @@ def _number(spec: dict, # an `integer` or `number` field
             s: str # what was typed, stripped
            ) -> int | float:
     "`s` as a number, checked against the field's bounds."
-    if spec["kind"] == "integer" and not INTEGER.fullmatch(s): raise ValueError("Must be a whole number")
+    if spec["kind"] == "integer" and not INTEGER.fullmatch(s):
+        raise ValueError("Must be a whole number")
     if spec["kind"] == "number" and not NUMBER.fullmatch(s): raise ValueError("Must be a number")
     v = int(s) if spec["kind"] == "integer" else float(s)
     checks = (("minimum", v.__lt__, "at least"), ("maximum", v.__gt__, "at most"),
-              ("exclusiveMinimum", v.__le__, "more than"), ("exclusiveMaximum", v.__ge__, "less than"))
+              ("exclusiveMinimum", v.__le__, "more than"),
+              ("exclusiveMaximum", v.__ge__, "less than"))
     for key, bad, words in checks:
         if key in spec and bad(spec[key]): raise ValueError(f"Must be {words} {_fmt(spec[key])}")
     return v
@@ -204,7 +213,8 @@ def tool_forms(tools: Iterable # tools as listed, in any shape `tool_spec` reads
     return [(t["name"], form_fields(t["input_schema"], skip=())) for t in map(tool_spec, tools)]
 
 # %% ../nbs/04a_forms.ipynb #b6c4be8a
-IMAGE_URL = re.compile(r"data:image/(png|jpeg|gif|webp|svg\+xml)[;,]", re.I)  # the images shown inline
+# the images shown inline
+IMAGE_URL = re.compile(r"data:image/(png|jpeg|gif|webp|svg\+xml)[;,]", re.I)
 
 def is_image(v: Any # a field's value
             ) -> bool:
@@ -218,7 +228,8 @@ def image_fields(observation: dict | None # an observation's fields
     return {k: v for k, v in (observation or {}).items() if is_image(v)}
 
 # %% ../nbs/04a_forms.ipynb #9ca804a7
-RUBRIC_KEY = "rubric"  # where an observation's metadata holds its rubric's scores, as `rubric_scores` gives them
+# where an observation's metadata holds its rubric's scores, as `rubric_scores` gives them
+RUBRIC_KEY = "rubric"
 
 def reward_parts(metadata: dict | None, # an observation's metadata
                  key: str = RUBRIC_KEY # where the scores are
@@ -226,4 +237,5 @@ def reward_parts(metadata: dict | None, # an observation's metadata
     "The rubric's scores in `metadata`, by component (`total` included): finite numbers only."
     parts = (metadata or {}).get(key)
     if not isinstance(parts, dict): return {}
-    return {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}

@@ -1,4 +1,4 @@
-"""Docker images of environments: the rules every image follows, the build context, and `build` (what `openenv build` runs).
+"""Docker images of environments: the rules every image follows, the build context, and `build`.
 
 Docs: https://openenv-nb.github.io/openenv-nb/images.html.md"""
 
@@ -29,8 +29,10 @@ import openenv_nb
 from .providers import docker_client, host_network
 
 # %% ../nbs/10_images.ipynb #10f3c85d
-IMAGES = {  # built-in image -> what it adds to a server's requirements: an extra of openenv-nb, or a core requirement only it uses
-    "echo": (), "coding": ("smolagents",), "gym": ("openenv-nb[gym]",), "openspiel": ("openenv-nb[openspiel]",),
+# built-in image -> what it adds to a server's requirements: an extra, or a core requirement only it uses
+IMAGES = {
+    "echo": (), "coding": ("smolagents",), "gym": ("openenv-nb[gym]",),
+    "openspiel": ("openenv-nb[openspiel]",),
     "textarena": ("openenv-nb[textarena]",), "chess": ("openenv-nb[chess]",)}
 BUILTIN = tuple(IMAGES)  # environments with a Dockerfile in the package
 
@@ -43,7 +45,7 @@ def builtin_dockerfile(name: str # a key of `IMAGES`: `"echo"`, `"coding"`, `"gy
     return (resources.files("openenv_nb") / "docker" / f"{name}.Dockerfile").read_text()
 
 # %% ../nbs/10_images.ipynb #d9c394ac
-def project_dockerfile(target: str = "server.app:app", # what `openenv serve` serves: `module:attribute`, importable from the project folder
+def project_dockerfile(target: str = "server.app:app", # what `openenv serve` serves: `module:attribute`
                       ) -> str:
     "The reference Dockerfile of an environment project folder, serving `target` by default."
     text = (resources.files("openenv_nb") / "docker" / "project.Dockerfile").read_text()
@@ -51,7 +53,7 @@ def project_dockerfile(target: str = "server.app:app", # what `openenv serve` se
 
 # %% ../nbs/10_images.ipynb #68602bc4
 def _instructions(text: str) -> list[str]:
-    "The instructions of the Dockerfile `text`, one a string, continuations joined, comments left out."
+    "The instructions of Dockerfile `text`, one a string, continuations joined, comments out."
     lines = (l.strip() for l in re.sub(r"\\\n", " ", text).splitlines())
     return [l for l in lines if l and not l.startswith("#")]
 
@@ -88,7 +90,8 @@ def _dist() -> metadata.Distribution:
     "The installed distribution of openenv-nb."
     try: return metadata.distribution("openenv-nb")
     except metadata.PackageNotFoundError:
-        raise RuntimeError("openenv-nb is not installed, so there is nothing to put in an image: pip install -e . first") from None
+        raise RuntimeError("openenv-nb is not installed, so there is nothing to put in an image: "
+                           "pip install -e . first") from None
 
 # %% ../nbs/10_images.ipynb #140c3479
 def requirements() -> list[str]:
@@ -96,8 +99,10 @@ def requirements() -> list[str]:
     return sorted(r for r in (_dist().requires or []) if not re.search(r"\bextra\s*==", r))
 
 # %% ../nbs/10_images.ipynb #a33c9149
-CLIENT_SIDE = {"ipywidgets": "`EnvPanel`, in a notebook", "huggingface_hub": "`openenv push` and Spaces",
-               "smolagents": "the coding sandbox's interpreter"}  # core requirements no server imports (but coding's sandbox)
+CLIENT_SIDE = {"ipywidgets": "`EnvPanel`, in a notebook",
+               "huggingface_hub": "`openenv push` and Spaces",
+               # core requirements no server imports (but coding's sandbox)
+               "smolagents": "the coding sandbox's interpreter"}
 
 # %% ../nbs/10_images.ipynb #66e02b7f
 def _project(req: str # a requirement, e.g. `"uvicorn[standard]>=0.30"`
@@ -114,16 +119,19 @@ def extra_requirements(extra: str # an extra of openenv-nb, e.g. `"gym"`
         req, _, marker = r.partition(";")
         if not re.search(rf"""\bextra\s*==\s*["']{re.escape(extra)}["']""", marker): continue
         inner = re.fullmatch(r"\s*openenv[-_.]nb\s*\[([^\]]*)\]\s*", req)
-        out += [x for e in inner[1].split(",") for x in extra_requirements(e.strip())] if inner else [req.strip()]
+        out += [x for e in inner[1].split(",")
+                for x in extra_requirements(e.strip())] if inner else [req.strip()]
     return sorted(set(out))
 
 # %% ../nbs/10_images.ipynb #e4680ad0
 def image_requirements(name: str # a key of `IMAGES`
                       ) -> list[str]:
-    "What the built-in image `name` installs before openenv-nb's wheel: the server's requirements and what `IMAGES` adds."
+    "What built-in image `name` installs before the wheel: the server's requirements, what `IMAGES` adds."
     adds = IMAGES[name]
-    core = [r for r in requirements() if _project(r) not in map(_project, CLIENT_SIDE) or _project(r) in map(_project, adds)]
-    extras = [x for a in adds if (m := re.fullmatch(r"openenv-nb\[(\w+)\]", a)) for x in extra_requirements(m[1])]
+    core = [r for r in requirements() if _project(r) not in map(_project, CLIENT_SIDE)
+            or _project(r) in map(_project, adds)]
+    extras = [x for a in adds if (m := re.fullmatch(r"openenv-nb\[(\w+)\]", a))
+              for x in extra_requirements(m[1])]
     return core + extras
 
 # %% ../nbs/10_images.ipynb #5227710b
@@ -134,7 +142,8 @@ def _record_hash(data: bytes) -> str:
 # %% ../nbs/10_images.ipynb #be2044e9
 def _package_files(root: Path) -> list[tuple[str, bytes]]:
     "The files of the package at `root` as `(archive name, bytes)`, compiled files left out."
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+             and p.suffix not in (".pyc", ".pyo")]
     return [(f"{root.name}/{p.relative_to(root).as_posix()}", p.read_bytes()) for p in files]
 
 # %% ../nbs/10_images.ipynb #a873e230
@@ -142,13 +151,17 @@ def _dist_info(version: str) -> list[tuple[str, bytes]]:
     "`METADATA`, `WHEEL` and `entry_points.txt` of the wheel."
     d = _dist()
     meta = [f"Metadata-Version: 2.1", f"Name: {d.metadata['Name']}", f"Version: {version}",
-            f"Summary: {d.metadata.get('Summary', '')}", f"Requires-Python: {d.metadata.get('Requires-Python', '>=3.11')}"]
+            f"Summary: {d.metadata.get('Summary', '')}",
+            f"Requires-Python: {d.metadata.get('Requires-Python', '>=3.11')}"]
     meta += [f"Requires-Dist: {r}" for r in requirements()]
-    scripts = sorted(f"{e.name} = {e.value}" for e in d.entry_points if e.group == "console_scripts")
+    scripts = sorted(f"{e.name} = {e.value}" for e in d.entry_points
+                     if e.group == "console_scripts")
     info = f"openenv_nb-{version}.dist-info"
     return [(f"{info}/METADATA", ("\n".join(meta) + "\n").encode()),
-            (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: openenv-nb\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
-            (f"{info}/entry_points.txt", ("[console_scripts]\n" + "\n".join(scripts) + "\n").encode())]
+            (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: openenv-nb\nRoot-Is-Purelib: "
+                              b"true\nTag: py3-none-any\n"),
+            (f"{info}/entry_points.txt",
+             ("[console_scripts]\n" + "\n".join(scripts) + "\n").encode())]
 
 # %% ../nbs/10_images.ipynb #eec6eab3
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed, so the same files give the same bytes
@@ -176,7 +189,7 @@ def package_wheel(dest: str | Path # folder to write the wheel to
 # %% ../nbs/10_images.ipynb #9477ba61
 def _docker_line(line: str # one line of a `.dockerignore`
                 ) -> str:
-    "The `.gitignore` line that means what the `.dockerignore` line `line` means: anchored at the root."
+    "The `.gitignore` line meaning what `.dockerignore` line `line` means: anchored at the root."
     line = line.strip()
     neg = line.startswith("!")
     pat = line[neg:].strip().lstrip("/")
@@ -195,10 +208,11 @@ def ignore_rules(path: Path, # an ignore file; none there gives no rules
                  base: str = "", # its folder, relative to the project, ending in `/`
                  docker: bool = False, # read it as a `.dockerignore` rather than a `.gitignore`
                 ) -> list[tuple[str, GitIgnoreSpec]]:
-    "The rules of the ignore file `path`: `[(base, its patterns)]`, or `[]` when there is no such file."
+    "The rules of ignore file `path`: `[(base, its patterns)]`, or `[]` when there is no such file."
     if not path.is_file(): return []
     lines = path.read_text(errors="replace").splitlines()
-    return [(base, GitIgnoreSpec.from_lines(filter(_readable, map(_docker_line, lines) if docker else lines)))]
+    return [(base, GitIgnoreSpec.from_lines(filter(_readable, map(_docker_line, lines) if docker
+                                                   else lines)))]
 
 # %% ../nbs/10_images.ipynb #ff86b9e1
 def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
@@ -213,14 +227,21 @@ def ignored(rules: list[tuple], # from `ignore_rules`, the folders above first
     return out
 
 # %% ../nbs/10_images.ipynb #726a7627
-SECRETS = {  # wildmatch pattern (matched at any depth, and inside a matching folder): what such a file holds
-    ".aws/": "AWS credentials", "**/.config/gcloud/": "Google Cloud credentials", ".azure/": "Azure credentials",
-    ".ssh/": "ssh keys", "id_rsa*": "an ssh key", "id_ed25519*": "an ssh key", "id_ecdsa*": "an ssh key", "id_dsa*": "an ssh key",
-    ".env": "environment variables, often secrets", ".env.*": "environment variables, often secrets",
+# wildmatch pattern (matched at any depth, and inside a matching folder): what such a file holds
+SECRETS = {
+    ".aws/": "AWS credentials", "**/.config/gcloud/": "Google Cloud credentials",
+    ".azure/": "Azure credentials",
+    ".ssh/": "ssh keys", "id_rsa*": "an ssh key", "id_ed25519*": "an ssh key",
+    "id_ecdsa*": "an ssh key", "id_dsa*": "an ssh key",
+    ".env": "environment variables, often secrets",
+    ".env.*": "environment variables, often secrets",
     "*.env": "environment variables, often secrets", "*.pem": "a private key or certificate",
-    "*.p12": "a private key or certificate", "*.pfx": "a private key or certificate", "*.key": "a private key",
-    ".netrc": "login credentials", ".git-credentials": "git credentials", ".npmrc": "npm credentials",
-    ".pypirc": "PyPI credentials", "wandb/": "Weights & Biases settings and runs", "secrets.*": "a secrets file",
+    "*.p12": "a private key or certificate", "*.pfx": "a private key or certificate",
+    "*.key": "a private key",
+    ".netrc": "login credentials", ".git-credentials": "git credentials",
+    ".npmrc": "npm credentials",
+    ".pypirc": "PyPI credentials", "wandb/": "Weights & Biases settings and runs",
+    "secrets.*": "a secrets file",
     "**/.docker/config.json": "Docker registry credentials", ".kube/": "Kubernetes credentials",
     ".huggingface/": "a Hugging Face token"}
 
@@ -277,7 +298,8 @@ def _reaches(include: list[str], # patterns named with `include`
              rel: str, # an ignored folder, relative to the project
             ) -> bool:
     "Whether one of the `include` patterns may name something inside the folder `rel`."
-    return any("/" not in p.strip("/") or "**" in p or p.lstrip("/").startswith(rel + "/") for p in include)
+    return any("/" not in p.strip("/") or "**" in p or p.lstrip("/").startswith(rel + "/")
+               for p in include)
 
 # %% ../nbs/10_images.ipynb #f9a9e636
 _ALWAYS = ("Dockerfile", ".dockerignore", "server/Dockerfile")  # the engine reads them even where `.dockerignore` names them
@@ -342,12 +364,14 @@ def default_tag(path: str | Path # a project folder, or a key of `IMAGES`
                ) -> str:
     "The tag `build` gives the image of `path` when not told one."
     name = str(path) if is_builtin(path) else Path(path).resolve().name
-    return "openenv-" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "env") + ":latest"
+    return "openenv-" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")
+                         or "env") + ":latest"
 
 # %% ../nbs/10_images.ipynb #524ea03b
 def _chunk_lines(c: dict) -> list[str]:
     "The log lines of one chunk of a build stream: its `stream` text, or its `status` and `progress`."
-    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")])) if "status" in c else "")
+    text = c.get("stream") or (" ".join(filter(None, [c.get("status"), c.get("progress")]))
+                               if "status" in c else "")
     return [l for l in text.rstrip("\n").splitlines() if l.strip()]
 
 # %% ../nbs/10_images.ipynb #4dd3e01e
@@ -366,7 +390,8 @@ def follow_build(chunks, # the engine's decoded build stream
     t0, image_id, tail = time.monotonic() if t0 is None else t0, None, []
     for c in chunks:
         if "error" in c:
-            raise ImageBuildError(((c.get("errorDetail") or {}).get("message") or c["error"]).strip(), tail[-20:])
+            raise ImageBuildError(((c.get("errorDetail") or {}).get("message")
+                                   or c["error"]).strip(), tail[-20:])
         if "aux" in c: image_id = (c["aux"] or {}).get("ID") or image_id
         for line in _chunk_lines(c):
             if re.match(r"Step \d+/\d+ :", line): line = f"[{time.monotonic() - t0:6.1f}s] {line}"
@@ -391,9 +416,12 @@ def _pull_hint(e: ImageBuildError, # what the build raised
     steps = [l for l in e.log if re.search(r"Step \d+/\d+ :", l)]
     if not steps or not re.search(r"Step \d+/\d+ : FROM", steps[-1]): return e
     default = re.search(r"^\s*ARG\s+BASE_IMAGE=(\S+)", dockerfile, re.M)
-    base = args.get("BASE_IMAGE") or (default.group(1) if default else steps[-1].split("FROM", 1)[1].strip())
-    return ImageBuildError(f"{e}\n(base image {base}: there is no such image here and the engine could not pull it; "
-                           "build one locally and pass --base-image or set OPENENV_BASE_IMAGE)", e.log)
+    base = args.get("BASE_IMAGE") or (default.group(1) if default
+                                      else steps[-1].split("FROM", 1)[1].strip())
+    return ImageBuildError(f"{e}\n(base image {base}: there is no such image here and the engine "
+                           "could not pull it; "
+                           "build one locally and pass --base-image or set OPENENV_BASE_IMAGE)",
+                           e.log)
 
 # %% ../nbs/10_images.ipynb #4c59890f
 def _engine_message(e: Exception) -> str:
@@ -416,11 +444,11 @@ def _drop(client, image_id: str | None, keep: str):
 # %% ../nbs/10_images.ipynb #7f81b1a7
 def build(path: str | Path = ".", # a project folder holding a Dockerfile, or a key of `IMAGES`
           tag: str | None = None, # the image's tag; default `openenv-<name>:latest`
-          base_image: str | None = None, # the `BASE_IMAGE` build argument; default `$OPENENV_BASE_IMAGE`, else the Dockerfile's
-          build_args: dict | None = None, # more build arguments (they stay in the image's history: no secrets)
+          base_image: str | None = None, # default `$OPENENV_BASE_IMAGE`, else the Dockerfile's
+          build_args: dict | None = None, # more build arguments (kept in history: no secrets)
           no_cache: bool = False, # rebuild every layer
           network: str | None = None, # network of the build's `RUN` steps, e.g. `"host"`; default: see above
-          include: tuple = (), # wildmatch patterns of project files to take although ignored or secret (`stage`)
+          include: tuple = (), # patterns of files to take although ignored (`stage`)
           log=print, # called with each line of the build log
          ) -> str:
     "Build the image of an environment, streaming the engine's log through `log`; the image's tag."
@@ -432,11 +460,15 @@ def build(path: str | Path = ".", # a project folder holding a Dockerfile, or a 
         for p in check_dockerfile(dockerfile): log(f"warning: {p}")
         log(f"building {tag} from {'the built-in ' + str(path) if is_builtin(path) else Path(path).resolve()}"
             + (f" on {args['BASE_IMAGE']}" if "BASE_IMAGE" in args else ""))
-        try: follow_build(client.api.build(path=ctx, tag=tag, buildargs=args, nocache=no_cache, network_mode=network, rm=True,
-                                           forcerm=True, decode=True, labels={"openenv-nb.built-by": "openenv build"}), log, t0)
+        try: follow_build(client.api.build(path=ctx, tag=tag, buildargs=args, nocache=no_cache,
+                                           network_mode=network, rm=True,
+                                           forcerm=True, decode=True,
+                                           labels={"openenv-nb.built-by": "openenv build"}), log,
+                                           t0)
         except ImageBuildError as e: raise _pull_hint(e, dockerfile, args) from None
         except Exception as e: raise ImageBuildError(_engine_message(e)) from e
     image = client.images.get(tag)
     _drop(client, before, image.id)
-    log(f"built {tag} ({image.id[7:19]}, {image.attrs.get('Size', 0) / 1e6:.0f} MB) in {time.monotonic() - t0:.1f} s")
+    log(f"built {tag} ({image.id[7:19]}, {image.attrs.get('Size', 0) / 1e6:.0f} MB) in "
+        f"{time.monotonic() - t0:.1f} s")
     return tag

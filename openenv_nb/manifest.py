@@ -36,15 +36,20 @@ class Manifest(BaseModel):
     "What `openenv.yaml` says about an environment project."
     model_config = ConfigDict(extra="allow")
     spec_version: int = Field(default=1, description="Version of the manifest format")
-    name: str = Field(pattern=NAME_RE.pattern, description="The environment's name: letters, digits, `_`, `-`, `.`")
+    name: str = Field(pattern=NAME_RE.pattern,
+                      description="The environment's name: letters, digits, `_`, `-`, `.`")
     description: str = Field(default="", description="One line on what the environment does")
     version: str = Field(default="0.1.0", description="The environment's version")
     type: str = Field(default="space", description="Deployment type, as OpenEnv writes it")
     runtime: str = Field(default="fastapi", description="Server runtime, as OpenEnv writes it")
-    app: str = Field(pattern=REF_RE.pattern, description="`module:attribute`: an Environment class, factory or ASGI app")
-    action: str | None = Field(default=None, pattern=REF_RE.pattern, description="`module:Class` of the action")
-    observation: str | None = Field(default=None, pattern=REF_RE.pattern, description="`module:Class` of the observation")
-    port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on in a container or Space")
+    app: str = Field(pattern=REF_RE.pattern,
+                     description="`module:attribute`: an Environment class, factory or ASGI app")
+    action: str | None = Field(default=None, pattern=REF_RE.pattern,
+                               description="`module:Class` of the action")
+    observation: str | None = Field(default=None, pattern=REF_RE.pattern,
+                                    description="`module:Class` of the observation")
+    port: int = Field(default=8000, ge=1, le=65535,
+                      description="Port the server listens on in a container or Space")
     _root: Path | None = PrivateAttr(default=None)
 
     @field_validator("version", "description", mode="before")
@@ -67,15 +72,18 @@ def manifest_path(path: str | Path = "." # a project folder, or its `openenv.yam
 # %% ../nbs/11_manifest.ipynb #d9d9d9d3
 def _field_errors(e: ValidationError) -> str:
     "The errors of `e`, one `field: message` each."
-    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'manifest'}: {err['msg']}" for err in e.errors())
+    return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'manifest'}: {err['msg']}"
+                     for err in e.errors())
 
 # %% ../nbs/11_manifest.ipynb #6125d7e3
 def _read_yaml(p: Path) -> dict:
     "The mapping that the YAML file `p` holds."
     try: data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ManifestError(f"{p} is not valid YAML: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ManifestError(f"{p} must be a mapping of fields (name:, app:, ...), not {type(data).__name__}")
+        raise ManifestError(f"{p} must be a mapping of fields (name:, app:, ...), not "
+                            f"{type(data).__name__}")
     return data
 
 # %% ../nbs/11_manifest.ipynb #32d2c923
@@ -84,7 +92,8 @@ def load_manifest(path: str | Path = "." # a project folder, or its `openenv.yam
     "The manifest of the project at `path`, checked."
     p = manifest_path(path)
     if not p.is_file():
-        raise ManifestError(f"No {MANIFEST} in {p.parent}: not an environment project (start one with `openenv init NAME`)")
+        raise ManifestError(f"No {MANIFEST} in {p.parent}: not an environment project (start one "
+                            "with `openenv init NAME`)")
     try: m = Manifest.model_validate(_read_yaml(p))
     except ValidationError as e: raise ManifestError(f"{p}: {_field_errors(e)}") from None
     m._root = p.parent.resolve()
@@ -105,7 +114,8 @@ def _getattrs(obj, attrs: str, ref: str) -> Any:
     for part in attrs.split("."):
         try: obj = getattr(obj, part)
         except AttributeError:
-            raise ManifestError(f"{ref!r}: {getattr(obj, '__name__', ref.split(':')[0])!r} has no attribute {part!r}") from None
+            raise ManifestError(f"{ref!r}: {getattr(obj, '__name__', ref.split(':')[0])!r} has no "
+                                f"attribute {part!r}") from None
     return obj
 
 # %% ../nbs/11_manifest.ipynb #bffacafe
@@ -117,7 +127,8 @@ def import_ref(ref: str, # `"module:attribute"`, the attribute possibly dotted
     if root is not None: _add_path(root)
     mod, attrs = ref.split(":", 1)
     try: obj = importlib.import_module(mod)
-    except Exception as e: raise ManifestError(f"Cannot import {mod!r} (from {ref!r}): {type(e).__name__}: {e}") from e
+    except Exception as e: raise ManifestError(f"Cannot import {mod!r} (from {ref!r}): "
+                                               f"{type(e).__name__}: {e}") from e
     return _getattrs(obj, attrs, ref)
 
 # %% ../nbs/11_manifest.ipynb #b6ac655d
@@ -155,5 +166,6 @@ def readme(self: Manifest) -> str | None:
 @patch
 def metadata(self: Manifest) -> EnvironmentMetadata:
     "What `/metadata` reports for this project."
-    return EnvironmentMetadata(name=self.name, description=self.description or f"{self.name} environment",
+    return EnvironmentMetadata(name=self.name, description=self.description
+                               or f"{self.name} environment",
                                version=self.version, readme_content=self.readme())

@@ -36,8 +36,10 @@ def front_matter(text: str # a README
     m = _FM.match(text)
     if not m: return {}, text
     try: data = yaml.safe_load(m.group(1) or "") or {}
-    except yaml.YAMLError as e: raise PushError(f"The README's front matter is not valid YAML: {e}") from None
-    if not isinstance(data, dict): raise PushError("The README's front matter must be a mapping (key: value lines)")
+    except yaml.YAMLError as e:
+        raise PushError(f"The README's front matter is not valid YAML: {e}") from None
+    if not isinstance(data, dict): raise PushError("The README's front matter must be a mapping "
+                                                   "(key: value lines)")
     return data, text[m.end():]
 
 # %% ../nbs/15_push.ipynb #24ea7f1e
@@ -50,7 +52,8 @@ def _tags(tags, # the README's `tags`: a list, one tag, or `None`
           *more: str, # tags to add
          ) -> list:
     "`tags` as a list, with `more` added, each once."
-    return list(dict.fromkeys([*(tags if isinstance(tags, list) else [tags] if tags else []), *more]))
+    return list(dict.fromkeys([*(tags if isinstance(tags, list) else [tags] if tags else []),
+                               *more]))
 
 # %% ../nbs/15_push.ipynb #293cc163
 def space_readme(m: Manifest, # the project's manifest
@@ -66,13 +69,16 @@ def space_readme(m: Manifest, # the project's manifest
     if web: fm["base_path"] = "/web"
     else: fm.pop("base_path", None)
     fm["tags"] = _tags(fm.get("tags"), "openenv", "openenv-nb")
-    return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True) + "---\n\n" + body.lstrip("\n")
+    return "---\n" + yaml.safe_dump(fm, sort_keys=False,
+                                    allow_unicode=True) + "---\n\n" + body.lstrip("\n")
 
 # %% ../nbs/15_push.ipynb #cf07818d
 def _cmd_at(lines: list[str]) -> int:
     "The index of the line where the Dockerfile's last `CMD` or `ENTRYPOINT` starts; the end when it has none."
-    at = max((i for i, l in enumerate(lines) if re.match(r"\s*(CMD|ENTRYPOINT)\b", l, re.I)), default=len(lines))
-    while at > 0 and lines[at - 1].rstrip().endswith("\\"): at -= 1  # not inside an instruction continued from above
+    at = max((i for i, l in enumerate(lines) if re.match(r"\s*(CMD|ENTRYPOINT)\b", l, re.I)),
+             default=len(lines))
+    # not inside an instruction continued from above
+    while at > 0 and lines[at - 1].rstrip().endswith("\\"): at -= 1
     return at
 
 # %% ../nbs/15_push.ipynb #31e5afa5
@@ -84,8 +90,10 @@ def space_dockerfile(text: str, # the project's Dockerfile
     "The Dockerfile of the Space: `text`, set to listen on `port` and to serve the web interface or not."
     lines = text.rstrip("\n").splitlines()
     if base_image:
-        i = next((i for i, l in enumerate(lines) if re.match(r"\s*ARG\s+BASE_IMAGE\b", l, re.I)), None)
-        if i is None: raise PushError("The Dockerfile has no `ARG BASE_IMAGE`, so --base-image cannot set it")
+        i = next((i for i, l in enumerate(lines) if re.match(r"\s*ARG\s+BASE_IMAGE\b", l, re.I)),
+                 None)
+        if i is None: raise PushError("The Dockerfile has no `ARG BASE_IMAGE`, so --base-image "
+                                      "cannot set it")
         lines[i] = f"ARG BASE_IMAGE={base_image}  # set by openenv push"
     at = _cmd_at(lines)
     env = ["# set by openenv push: the port the Space routes to, and the web interface",
@@ -93,7 +101,8 @@ def space_dockerfile(text: str, # the project's Dockerfile
     return "\n".join(lines[:at] + env + lines[at:]) + "\n"
 
 # %% ../nbs/15_push.ipynb #a150dabd
-SPACE_LEFT_OUT = ("_proc", "_docs", ".quarto", "*.egg-info", "build", "dist", ".pytest_cache", ".ipynb_checkpoints")
+SPACE_LEFT_OUT = ("_proc", "_docs", ".quarto", "*.egg-info", "build", "dist", ".pytest_cache",
+                  ".ipynb_checkpoints")
 
 def _prune(dest: Path):
     "Remove from `dest` what a Space does not need."
@@ -113,7 +122,9 @@ def stage_space(m: Manifest, # the project's manifest (it knows the project's fo
     "Lay out the Space of project `m` in `dest`; its files, sorted."
     dest = Path(dest)
     try: stage(m.root, dest, include, log)
-    except FileNotFoundError: raise PushError(f"No Dockerfile in {m.root}: a Docker Space is built from one (`openenv init` makes projects with one)") from None
+    except FileNotFoundError:
+        raise PushError(f"No Dockerfile in {m.root}: a Docker Space is built from one (`openenv "
+                        "init` makes projects with one)") from None
     _prune(dest)
     df = dest / "Dockerfile"
     df.write_text(space_dockerfile(df.read_text(), m.port, web, base_image))
@@ -130,10 +141,12 @@ def listing(dest: Path, # the staged Space
             files: list[Path], # its files
            ) -> str:
     "The staged files, one a line, with sizes."
-    return "\n".join(f"  {str(p.relative_to(dest)):<48} {_size(p.stat().st_size):>10}" for p in files)
+    return "\n".join(f"  {str(p.relative_to(dest)):<48} {_size(p.stat().st_size):>10}"
+                     for p in files)
 
 # %% ../nbs/15_push.ipynb #dd91ecf4
-LOGIN_HELP = ("log in once with `hf auth login` (or `huggingface-cli login`), or set HF_TOKEN to a token with write "
+LOGIN_HELP = ("log in once with `hf auth login` (or `huggingface-cli login`), or set HF_TOKEN to a "
+              "token with write "
               "access from https://huggingface.co/settings/tokens; then run openenv push again")
 
 def hub_user(api, # a `huggingface_hub.HfApi`
@@ -145,9 +158,12 @@ def hub_user(api, # a `huggingface_hub.HfApi`
     try: who = api.whoami(token=token)
     except HfHubHTTPError as e:
         code = getattr(e.response, "status_code", None)
-        if code in (401, 403): raise PushError(f"Hugging Face refused the token ({code}): {LOGIN_HELP}") from None
+        if code in (401, 403): raise PushError(f"Hugging Face refused the token ({code}): "
+                                               f"{LOGIN_HELP}") from None
         raise PushError(f"Hugging Face answered {code} to whoami: {e}") from None
-    except Exception as e: raise PushError(f"Could not reach {api.endpoint}: {type(e).__name__}: {e}") from None  # httpx's errors are not OSErrors
+    # httpx's errors are not OSErrors
+    except Exception as e: raise PushError(f"Could not reach {api.endpoint}: {type(e).__name__}: "
+                                           f"{e}") from None
     return who.get("name") or who.get("fullname") or "unknown"
 
 # %% ../nbs/15_push.ipynb #7c5ab507
@@ -156,14 +172,16 @@ REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")  # a 
 # %% ../nbs/15_push.ipynb #c5193c68
 def _how(m: Manifest, private: bool, web: bool, token_secret: bool = False) -> str:
     "How the Space of `m` is set up, in words."
-    return (f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface {'on' if web else 'off'}, "
+    return (f"{'private' if private else 'public'}, sdk docker, port {m.port}, web interface "
+            f"{'on' if web else 'off'}, "
             f"{'clients need its OPENENV_TOKEN' if token_secret else 'no token asked'}")
 
 # %% ../nbs/15_push.ipynb #9d31332b
 def _open_warning(private: bool, token_secret: bool) -> str | None:
     "A warning when anyone could run episodes on the Space: public, and its server asks for no token."
     if private or token_secret: return None
-    return ("warning: the Space is public and its server asks for no token, so anyone can run episodes on it: "
+    return ("warning: the Space is public and its server asks for no token, so anyone can run "
+            "episodes on it: "
             "--token-secret sets one, --private hides the Space")
 
 # %% ../nbs/15_push.ipynb #64af1da6
@@ -172,7 +190,8 @@ def _server_token(log: Callable # told the new token, when one is made
     "The token the Space's server will ask clients for: `$OPENENV_TOKEN`, else a new one, shown once."
     if token := os.environ.get("OPENENV_TOKEN"): return token
     token = secrets.token_urlsafe(32)
-    log(f"OPENENV_TOKEN of the Space, new (shown once; clients send it as `Authorization: Bearer`): {token}")
+    log("OPENENV_TOKEN of the Space, new (shown once; clients send it as `Authorization: "
+        f"Bearer`): {token}")
     return token
 
 # %% ../nbs/15_push.ipynb #33d1b4c0
@@ -181,26 +200,34 @@ def _dry_run(m: Manifest, repo_id: str | None, how: str, log: Callable, **kwargs
     "Stage the Space of `m` in a folder that stays, and say what a push would do; the folder."
     dest = Path(tempfile.mkdtemp(prefix=f"openenv-push-{m.name}-"))
     files = stage_space(m, dest, log=log, **kwargs)
-    log(f"Staged the Space of {m.name} {m.version} in {dest} ({len(files)} files, {_size(sum(p.stat().st_size for p in files))}):")
+    log(f"Staged the Space of {m.name} {m.version} in {dest} ({len(files)} files, "
+        f"{_size(sum(p.stat().st_size for p in files))}):")
     log(listing(dest, files))
-    log(f"Would create the Space {repo_id or 'YOUR-USERNAME/' + m.name} ({how}) and upload these files. "
+    log(f"Would create the Space {repo_id or 'YOUR-USERNAME/' + m.name} ({how}) and upload these "
+        "files. "
         "Nothing was uploaded (--dry-run).")
     return str(dest)
 
 # %% ../nbs/15_push.ipynb #b9f2e6ab
 @delegates(stage_space, but=["m", "dest", "log"])
-def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callable, token: str | None = None, **kwargs) -> str:
+def _upload(api, m: Manifest, repo_id: str, private: bool, how: str, log: Callable,
+            token: str | None = None, **kwargs) -> str:
     "Stage the Space of `m`, list it, create `repo_id` if need be, set its `token`, and upload it in one commit; its URL."
     with tempfile.TemporaryDirectory(prefix="openenv-push-") as d:
         files = stage_space(m, d, log=log, **kwargs)
-        log(f"[2/4] staged {m.name} {m.version}: {len(files)} files, {_size(sum(p.stat().st_size for p in files))}")
+        log(f"[2/4] staged {m.name} {m.version}: {len(files)} files, "
+            f"{_size(sum(p.stat().st_size for p in files))}")
         log(listing(Path(d), files))
         try:
-            url = str(api.create_repo(repo_id, repo_type="space", space_sdk="docker", private=private, exist_ok=True))
-            if token: api.add_space_secret(repo_id, "OPENENV_TOKEN", token, description="the bearer token the server asks clients for")
+            url = str(api.create_repo(repo_id, repo_type="space", space_sdk="docker",
+                                      private=private, exist_ok=True))
+            if token: api.add_space_secret(repo_id, "OPENENV_TOKEN", token,
+                                           description="the bearer token the server asks clients "
+                                                       "for")
             log(f"[3/4] Space {repo_id} is ready ({how})")
             log(f"[4/4] uploading to {repo_id}")
-            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space", commit_message=f"openenv push: {m.name} {m.version}")
+            api.upload_folder(folder_path=d, repo_id=repo_id, repo_type="space",
+                              commit_message=f"openenv push: {m.name} {m.version}")
         except Exception as e:
             raise PushError(f"Pushing to the Space {repo_id} failed: {type(e).__name__}: {e}") from None
     return url
@@ -223,8 +250,10 @@ def push(path: str | Path = ".", # the project folder
         ) -> str:
     "Deploy the project at `path` to a Hugging Face Space; the Space's URL (the staged folder's path, with `dry_run`)."
     m = load_manifest(path)
-    if repo_id is not None and not REPO_RE.match(repo_id): raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
-    how, kw = _how(m, private, web, token_secret), dict(web=web, base_image=base_image, include=tuple(include))
+    if repo_id is not None and not REPO_RE.match(repo_id):
+        raise PushError(f"--repo-id takes ORG/NAME, got {repo_id!r}")
+    how, kw = _how(m, private, web, token_secret), dict(web=web, base_image=base_image,
+                                                        include=tuple(include))
     if warning := _open_warning(private, token_secret): log(warning)
     if dry_run: return _dry_run(m, repo_id, how, log, **kw)
     from huggingface_hub import HfApi, get_token
@@ -232,7 +261,9 @@ def push(path: str | Path = ".", # the project folder
     api = HfApi(token=hf_token)
     log(f"[1/4] logging in to {api.endpoint}")
     repo_id = repo_id or f"{hub_user(api, hf_token)}/{m.name}"
-    url = _upload(api, m, repo_id, private, how, log, token=_server_token(log) if token_secret else None, **kw)
+    url = _upload(api, m, repo_id, private, how, log, token=_server_token(log) if token_secret
+                  else None, **kw)
     log(f"Pushed {m.name} {m.version} to {url}")
-    if api.endpoint.rstrip("/") == "https://huggingface.co": log(f"  its server, once built: {space_host(repo_id)}")
+    if api.endpoint.rstrip("/") == "https://huggingface.co":
+        log(f"  its server, once built: {space_host(repo_id)}")
     return url

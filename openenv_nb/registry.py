@@ -1,4 +1,4 @@
-"""Environments by name: the built-ins, the families, and what installed packages declare; `AutoEnv` makes a client of any of them, or of a Space on the Hugging Face Hub.
+"""Environments by name; `AutoEnv` makes a client of any, or of a Space on the Hugging Face Hub.
 
 Docs: https://openenv-nb.github.io/openenv-nb/registry.html.md"""
 
@@ -25,44 +25,58 @@ from .environment import env_types
 from .images import default_tag, is_builtin
 from .manifest import MANIFEST, Manifest, ManifestError, load_manifest
 from .push import REPO_RE, space_host
-from .targets import (BUILTINS, FAMILIES, NAMES, TargetError, family, family_loader, installed, load_target,
+from .targets import (BUILTINS, FAMILIES, NAMES, TargetError, family, family_loader,
+                                installed, load_target,
                                 named)
 
 # %% ../nbs/16_registry.ipynb #b3e28d2a
 FAMILY_USAGE = {  # family -> (how its names are written, an example target, what it serves)
-    "gym": ("gym:ID", "gym:CartPole-v1", "Any registered Gymnasium environment by id; options after ?, e.g. gym:FrozenLake-v1?is_slippery=false"),
-    "openspiel": ("openspiel:GAME", "openspiel:catch", "An OpenSpiel game against built-in opponents: catch, tic_tac_toe, blackjack, 2048, ..."),
-    "textarena": ("textarena:ID", "textarena:Sudoku-v0", "A TextArena game played in text, turn by turn: Sudoku-v0, Wordle-v0 (with NLTK's data), ..."),
-    "chess": ("chess", "chess", "Chess against a built-in opponent (random, or a small search); moves in UCI or SAN"),
+    "gym": ("gym:ID", "gym:CartPole-v1", "Any registered Gymnasium environment by id; options "
+                                         "after ?, e.g. gym:FrozenLake-v1?is_slippery=false"),
+    "openspiel": ("openspiel:GAME", "openspiel:catch",
+                  "An OpenSpiel game against built-in opponents: catch, tic_tac_toe, blackjack, "
+                  "2048, ..."),
+    "textarena": ("textarena:ID", "textarena:Sudoku-v0",
+                  "A TextArena game played in text, turn by turn: Sudoku-v0, Wordle-v0 (with "
+                  "NLTK's data), ..."),
+    "chess": ("chess", "chess", "Chess against a built-in opponent (random, or a small search); "
+                                "moves in UCI or SAN"),
 }
 
 # %% ../nbs/16_registry.ipynb #0e2913c6
 class EnvEntry(BaseModel):
-    "One environment that `openenv list` shows: what to call it, where it comes from, what it does and takes."
-    name: str = Field(description="What to ask for: `AutoEnv.from_name(name)`; for a family, how its names are written")
+    "One environment `openenv list` shows: its name, where it comes from, what it does and takes."
+    name: str = Field(description="What to ask for: `AutoEnv.from_name(name)`; for a family, how "
+                                  "its names are written")
     target: str = Field(description="What `openenv serve` serves for it (for a family, an example)")
-    source: str = Field(description="Where it comes from: `built-in`, an extra such as `openenv-nb[gym]`, or a package and its version")
+    source: str = Field(description="Where it comes from: `built-in`, an extra such as "
+                                    "`openenv-nb[gym]`, or a package and its version")
     description: str = Field(default="", description="What it does, in a line")
-    action: dict[str, str] = Field(default_factory=dict, description="The action's fields, each with its JSON type")
-    problem: str | None = Field(default=None, description="Why it cannot be served here (a missing extra, an import error); `None` when it can")
+    action: dict[str, str] = Field(default_factory=dict,
+                                   description="The action's fields, each with its JSON type")
+    problem: str | None = Field(default=None,
+                                description="Why it cannot be served here (a missing extra, an "
+                                            "import error); `None` when it can")
 
 # %% ../nbs/16_registry.ipynb #4ed8584e
 def json_type(prop: dict # a property of a JSON schema
              ) -> str:
-    "The type of `prop` in a word or a few: `string`, `integer | null`, `array`, a model's name, or `any`."
+    "The type of `prop` in a few words: `string`, `integer | null`, `array`, a model's name, `any`."
     if isinstance(prop.get("type"), str): return prop["type"]
     if isinstance(prop.get("type"), list): return " | ".join(prop["type"])
-    if alts := prop.get("anyOf") or prop.get("oneOf"): return " | ".join(dict.fromkeys(json_type(a) for a in alts))
+    if alts := prop.get("anyOf") or prop.get("oneOf"):
+        return " | ".join(dict.fromkeys(json_type(a) for a in alts))
     if "$ref" in prop: return prop["$ref"].rsplit("/", 1)[-1]
     return "any"
 
 # %% ../nbs/16_registry.ipynb #fa88df4c
 def action_fields(obj: Any # an `Environment` class, a factory annotated with one, or an app
                  ) -> dict[str, str]:
-    "The fields of the action `obj` takes, each with its JSON type; empty when `obj` does not say (an app, say)."
+    "The fields of the action `obj` takes, with JSON types; empty when `obj` does not say (an app)."
     act = env_types(obj)[0] if isinstance(obj, type) or inspect.isfunction(obj) else None
     if not (isinstance(act, type) and issubclass(act, BaseModel)): return {}
-    return {k: json_type(p) for k, p in act.model_json_schema().get("properties", {}).items() if k != "metadata"}
+    return {k: json_type(p) for k, p in act.model_json_schema().get("properties", {}).items()
+            if k != "metadata"}
 
 # %% ../nbs/16_registry.ipynb #79ed9715
 def _doc(obj: Any) -> str:
@@ -75,10 +89,12 @@ def describe(name: str, # what the entry is called
              source: str, # where it comes from
              about: str | None = None, # what it does; default the first line of its docstring
             ) -> EnvEntry:
-    "The entry of `target`, loaded to read its action; when it cannot be loaded, the reason in `problem`."
+    "The entry of `target`, loaded to read its action; if it cannot load, the reason in `problem`."
     try: obj = load_target(target)
-    except TargetError as e: return EnvEntry(name=name, target=target, source=source, description=about or "", problem=str(e))
-    return EnvEntry(name=name, target=target, source=source, description=about or _doc(obj), action=action_fields(obj))
+    except TargetError as e: return EnvEntry(name=name, target=target, source=source,
+                                             description=about or "", problem=str(e))
+    return EnvEntry(name=name, target=target, source=source, description=about or _doc(obj),
+                    action=action_fields(obj))
 
 # %% ../nbs/16_registry.ipynb #82428484
 def _source(ep: metadata.EntryPoint) -> str:
@@ -87,18 +103,20 @@ def _source(ep: metadata.EntryPoint) -> str:
 
 # %% ../nbs/16_registry.ipynb #8054ebba
 def list_envs() -> list[EnvEntry]:
-    "Every environment known here: the built-ins, each family, the short names, and what installed packages declare."
+    "Every environment known here: built-ins, families, short names, installed packages' entries."
     rows = [describe(n, n, "built-in") for n in BUILTINS]
-    rows += [describe(names, example, f"openenv-nb[{p}]", about) for p, (names, example, about) in FAMILY_USAGE.items()]
+    rows += [describe(names, example, f"openenv-nb[{p}]", about)
+             for p, (names, example, about) in FAMILY_USAGE.items()]
     rows += [describe(n, t, f"openenv-nb[{family(t)[0]}]") for n, t in NAMES.items()]
     return rows + [describe(ep.name, ep.value, _source(ep)) for ep in installed()]
 
 # %% ../nbs/16_registry.ipynb #f740581a
 def format_table(entries: list[EnvEntry] # from `list_envs`
                 ) -> str:
-    "The entries as a table a person reads: name, where from, the action's fields, and what it does or why it cannot run here."
+    "The entries as a table: name, origin, action fields, what it does or why it cannot run here."
     rows = [("NAME", "FROM", "ACTION", "DESCRIPTION")]
-    rows += [(e.name, e.source, ", ".join(e.action) or "-", e.description if e.problem is None else f"unavailable: {e.problem}")
+    rows += [(e.name, e.source, ", ".join(e.action) or "-", e.description if e.problem is None
+              else f"unavailable: {e.problem}")
              for e in entries]
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d}".rstrip() for a, b, c, d in rows)
@@ -106,47 +124,54 @@ def format_table(entries: list[EnvEntry] # from `list_envs`
 # %% ../nbs/16_registry.ipynb #400e627a
 def family_names(prefix: str # a family, a key of `FAMILIES`
                 ) -> list[str]:
-    "The targets family `prefix` serves here, e.g. `gym:CartPole-v1`; a `TargetError` when it is unknown or not installed."
-    if prefix not in FAMILIES: raise TargetError(f"no family {prefix!r}: the families are {', '.join(FAMILIES)}")
+    "The targets family `prefix` serves here (`gym:CartPole-v1`); `TargetError` if unknown."
+    if prefix not in FAMILIES: raise TargetError(f"no family {prefix!r}: the families are "
+                                                 f"{', '.join(FAMILIES)}")
     module = sys.modules[family_loader(prefix).__module__]
     return [f"{prefix}:{n}" for n in getattr(module, f"{prefix}_names")()]
 
 # %% ../nbs/16_registry.ipynb #a1425014
-def lookup(name: str # a name that `openenv list` shows, or a family's target such as `"gym:CartPole-v1"`
+def lookup(name: str # a name `openenv list` shows, or a family's target (`"gym:CartPole-v1"`)
           ) -> str:
-    "The target `name` stands for: a built-in's or a family's as it is, a short name's, or what an installed package declares."
+    "The target `name` stands for: a built-in's or family's as is, a short name's, a package's."
     if name in BUILTINS or family(name): return name
     if full := named(name): return full
-    raise TargetError(f"no environment is called {name!r} here: `openenv list` shows those there are")
+    raise TargetError(f"no environment is called {name!r} here: `openenv list` shows those there "
+                      "are")
 
 # %% ../nbs/16_registry.ipynb #f643b4e4
 class AutoEnv:
-    "Clients of environments found by name (`AutoEnv.from_name`) or on the Hugging Face Hub (`AutoEnv.from_hub`)."
-    def __init__(self, *args, **kwargs): raise TypeError("AutoEnv makes clients: call AutoEnv.from_name(...) or AutoEnv.from_hub(...)")
+    "Clients of environments by name (`AutoEnv.from_name`) or on the Hub (`AutoEnv.from_hub`)."
+    def __init__(self, *args, **kwargs): raise TypeError("AutoEnv makes clients: call "
+                                                         "AutoEnv.from_name(...) or "
+                                                         "AutoEnv.from_hub(...)")
 
 # %% ../nbs/16_registry.ipynb #a5932cbf
 def image_for(target: str, # a target, as `lookup` gives it
               image: str | None = None, # the image to use instead of the default
              ) -> tuple[str, dict]:
-    "The image that serves `target` and the environment variables that say what it serves: a built-in's own, a family's with `OPENENV_TARGET`."
+    "The image serving `target`, and its env vars: a built-in's, a family's with `OPENENV_TARGET`."
     if fam := family(target): return image or default_tag(fam[0]), {"OPENENV_TARGET": target}
-    if image is None and not is_builtin(target): raise TargetError(f"{target} has no image of its own: build one (`openenv build`) and pass image=")
+    if image is None and not is_builtin(target):
+        raise TargetError(f"{target} has no image of its own: build one (`openenv build`) and pass "
+                          "image=")
     return image or default_tag(target), {}
 
 # %% ../nbs/16_registry.ipynb #21b70362
 @patch(cls_method=True)
 @delegates(EnvClient, but="base_url,provider")
-def from_name(cls: AutoEnv, name: str, # a name `openenv list` shows, or a family's target such as `"gym:CartPole-v1"`
-              provider: str = "local", # `"local"`: a subprocess on this machine; `"docker"`: a container
-              image: str | None = None, # with `provider="docker"`: the image; default the built-in's or the family's, from `openenv build NAME`
-              client: type[EnvClient] = GenericEnvClient, # the client class, e.g. `EchoEnv` for typed actions
+def from_name(cls: AutoEnv, name: str, # a name `openenv list` shows, or `"gym:CartPole-v1"`
+              provider: str = "local", # `"local"`: a subprocess here; `"docker"`: a container
+              image: str | None = None, # for `"docker"`; default the one `openenv build NAME` makes
+              client: type[EnvClient] = GenericEnvClient, # the client class: `EchoEnv` for typed actions
               **kwargs) -> EnvClient:
-    "A client of the environment called `name`, whose server starts on `connect` and stops on `close`."
+    "A client of the environment `name`, whose server starts on `connect` and stops on `close`."
     target = lookup(name)
     if provider == "local": return client.from_local(target, **kwargs)
     if provider != "docker": raise ValueError(f"provider is 'local' or 'docker', not {provider!r}")
     image, env_vars = image_for(target, image)
-    return client.from_docker_image(image, env_vars={**(kwargs.pop("env_vars", None) or {}), **env_vars}, **kwargs)
+    return client.from_docker_image(image, env_vars={**(kwargs.pop("env_vars", None) or {}),
+                                                     **env_vars}, **kwargs)
 
 # %% ../nbs/16_registry.ipynb #3747b5dd
 class SpaceError(RuntimeError):
@@ -155,18 +180,21 @@ class SpaceError(RuntimeError):
 # %% ../nbs/16_registry.ipynb #88289085
 def _hub_error(repo_id: str, e: Exception) -> SpaceError:
     "What went wrong asking the Hub about Space `repo_id`, as a `SpaceError` that says what to do."
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
     if isinstance(e, RepositoryNotFoundError):
-        return SpaceError(f"no Space {repo_id} on the Hub, or it is private and no token with access was given (token=, HF_TOKEN, or `hf auth login`)")
+        return SpaceError(f"no Space {repo_id} on the Hub, or it is private and no token with "
+                          "access was given (token=, HF_TOKEN, or `hf auth login`)")
     if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
-        return SpaceError(f"Space {repo_id} holds no {MANIFEST}, so it is not an OpenEnv environment (`openenv push` puts one there)")
+        return SpaceError(f"Space {repo_id} holds no {MANIFEST}, so it is not an OpenEnv "
+                          "environment (`openenv push` puts one there)")
     return SpaceError(f"asking the Hub about Space {repo_id} failed: {type(e).__name__}: {e}")
 
 # %% ../nbs/16_registry.ipynb #1c15a187
 def space_info(repo_id: str, # the Space, `ORG/NAME`
-               token: str | None = None, # a Hugging Face token; default the one logged in, if any
+               token: str | None = None, # a Hub token; default the one logged in, if any
               ):
-    "What the Hub says about Space `repo_id` (`huggingface_hub`'s `SpaceInfo`): whether it is private, where its app runs, its stage."
+    "The Hub's `SpaceInfo` for Space `repo_id`: whether private, where its app runs, its stage."
     if not REPO_RE.match(repo_id): raise SpaceError(f"a Space is named ORG/NAME, not {repo_id!r}")
     from huggingface_hub import HfApi
     try: return HfApi(token=token).space_info(repo_id)
@@ -174,7 +202,7 @@ def space_info(repo_id: str, # the Space, `ORG/NAME`
 
 # %% ../nbs/16_registry.ipynb #de22421c
 def space_manifest(repo_id: str, # the Space, `ORG/NAME`
-                   token: str | None = None, # a Hugging Face token; default the one logged in, if any
+                   token: str | None = None, # a Hub token; default the one logged in, if any
                   ) -> Manifest:
     "The `openenv.yaml` of Space `repo_id`, read without running any of its code."
     from huggingface_hub import hf_hub_download
@@ -184,23 +212,28 @@ def space_manifest(repo_id: str, # the Space, `ORG/NAME`
     except ManifestError as e: raise SpaceError(f"Space {repo_id}: {e}") from e
 
 # %% ../nbs/16_registry.ipynb #0d07f767
-STOPPED = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "PAUSED", "STOPPED", "DELETING")  # stages without an app
+# stages without an app
+STOPPED = ("BUILD_ERROR", "RUNTIME_ERROR", "CONFIG_ERROR", "NO_APP_FILE", "PAUSED", "STOPPED",
+           "DELETING")
 
 def space_url(info # `huggingface_hub`'s `SpaceInfo` of the Space
              ) -> str:
-    "Where the app of the Space `info` describes answers; a `SpaceError` when the Hub says none is running."
+    "Where the app of the Space `info` describes answers; `SpaceError` if the Hub says none runs."
     stage = info.runtime.stage if info.runtime else None
-    if stage in STOPPED: raise SpaceError(f"Space {info.id} is not running ({stage}): see it on the Hub, or serve its code here with local=True")
+    if stage in STOPPED: raise SpaceError(f"Space {info.id} is not running ({stage}): see it on "
+                                          "the Hub, or serve its code here with local=True")
     return info.host or space_host(info.id)
 
 # %% ../nbs/16_registry.ipynb #8f6da4ca
 def space_headers(info, # `huggingface_hub`'s `SpaceInfo` of the Space
-                  token: str | None = None, # a Hugging Face token; default the one logged in, if any
+                  token: str | None = None, # a Hub token; default the one logged in, if any
                  ) -> dict:
-    "The headers a client sends to the app of the Space `info` describes: a private Space's token; none for a public one."
+    "The headers a client sends to the Space `info` describes: a private Space's token, else none."
     if not info.private: return {}
     from huggingface_hub import get_token
-    if not (token := token or get_token()): raise SpaceError(f"Space {info.id} is private: give token=, set HF_TOKEN, or `hf auth login`")
+    if not (token := token or get_token()):
+        raise SpaceError(f"Space {info.id} is private: give token=, set HF_TOKEN, or `hf auth "
+                         "login`")
     return {"Authorization": f"Bearer {token}"}
 
 # %% ../nbs/16_registry.ipynb #ef97b2cb
@@ -208,10 +241,11 @@ def _client_at(client: type[EnvClient], # the client class
                url: str, # the app's base URL
                auth: dict, # the headers the Space needs (see `space_headers`)
                **kwargs) -> EnvClient:
-    "A `client` of the server at `url`, sending `auth` over any `headers` in `kwargs`; a `SpaceError` when `client` cannot send them."
+    "A `client` of `url`, sending `auth` over any `headers` in `kwargs`; `SpaceError` if it cannot."
     if not auth: return client(url, **kwargs)
     if "headers" not in inspect.signature(client).parameters:
-        raise SpaceError(f"the Space is private, and {client.__name__} cannot send its token (it takes no headers=)")
+        raise SpaceError(f"the Space is private, and {client.__name__} cannot send its token (it "
+                         "takes no headers=)")
     return client(url, **{**kwargs, "headers": {**(kwargs.get("headers") or {}), **auth}})
 
 # %% ../nbs/16_registry.ipynb #f325940a
@@ -221,12 +255,13 @@ def trust_space(repo_id: str, # the Space, `ORG/NAME`
                ):
     "Refuse to run the code of Space `repo_id` on this machine, unless told `trust_remote_code=True`."
     if not trust_remote_code:
-        raise SpaceError(f"Space {repo_id} would run its own code on this machine ({MANIFEST} app: {m.app}); "
+        raise SpaceError(f"Space {repo_id} would run its own code on this machine ({MANIFEST} app: "
+                         f"{m.app}); "
                          "if you trust it, pass trust_remote_code=True")
 
 # %% ../nbs/16_registry.ipynb #0005f463
 def download_space(repo_id: str, # the Space, `ORG/NAME`
-                   token: str | None = None, # a Hugging Face token; default the one logged in, if any
+                   token: str | None = None, # a Hub token; default the one logged in, if any
                   ) -> Path:
     "The files of Space `repo_id` on this machine, in the Hugging Face cache: its folder."
     from huggingface_hub import snapshot_download
@@ -237,13 +272,13 @@ def download_space(repo_id: str, # the Space, `ORG/NAME`
 @patch(cls_method=True)
 @delegates(EnvClient, but="base_url,provider")
 def from_hub(cls: AutoEnv, repo_id: str, # the Space, `ORG/NAME`
-             local: bool = False, # serve the Space's code on this machine instead of connecting to the Space
+             local: bool = False, # serve the Space's code here, not connect to the Space
              trust_remote_code: bool = False, # with `local=True`: allow the Space's code to run here
-             token: str | None = None, # a Hugging Face token, for a private Space; default the one logged in, if any
-             server_token: str | None = None, # the environment server's own token (`openenv push --token-secret`); `None` reads `OPENENV_TOKEN`
+             token: str | None = None, # a private Space's Hub token; default the one logged in
+             server_token: str | None = None, # the server's token (`push --token-secret`); default `OPENENV_TOKEN`
              client: type[EnvClient] = GenericEnvClient, # the client class
              **kwargs) -> EnvClient:
-    "A client of the environment in Hugging Face Space `repo_id`: its running app, or (`local=True`) its code served here."
+    "A client of the environment in Space `repo_id`: its app, or (`local=True`) its code run here."
     info, m = space_info(repo_id, token), space_manifest(repo_id, token)
     if server_token is not None: kwargs["token"] = server_token
     if not local: return _client_at(client, space_url(info), space_headers(info, token), **kwargs)

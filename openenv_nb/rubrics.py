@@ -63,7 +63,8 @@ class Rubric(ABC):
     _state: tuple[str, ...] = ()  # the attributes that make up its configuration, for `state_dict`
 
     def __init__(self):
-        for k, v in dict(_rubric_children={}, _forward_hooks=[], _forward_pre_hooks=[], last_score=None).items():
+        for k, v in dict(_rubric_children={}, _forward_hooks=[], _forward_pre_hooks=[],
+                         last_score=None).items():
             object.__setattr__(self, k, v)
 
     def __setattr__(self, name: str, value: Any):
@@ -79,7 +80,8 @@ class Rubric(ABC):
 @patch
 def __repr__(self: Rubric) -> str:
     "The class name and its children, indented, as `nn.Module` prints itself."
-    kids = "".join(f"\n  ({n}): " + repr(c).replace("\n", "\n  ") for n, c in self._rubric_children.items())
+    kids = "".join(f"\n  ({n}): " + repr(c).replace("\n", "\n  ")
+                   for n, c in self._rubric_children.items())
     return f"{type(self).__name__}({kids}\n)" if kids else f"{type(self).__name__}()"
 
 # %% ../nbs/00a_rubrics.ipynb #6224877e
@@ -127,7 +129,8 @@ def get_rubric(self: Rubric,
 @patch
 def _steps(self: Rubric, action: Any, observation: Any):
     "One evaluation, as `_drive` runs it: pre-hooks, `forward`, `last_score`, hooks."
-    for r in self.rubrics(): r.last_score = None  # a child this call skips reads `None`, not an old score
+    # a child this call skips reads `None`, not an old score
+    for r in self.rubrics(): r.last_score = None
     for hook in self._forward_pre_hooks: yield hook(self, action, observation)
     score = yield self.forward(action, observation)
     self.last_score = score
@@ -188,7 +191,8 @@ def load_state_dict(self: Rubric,
     for k in self._state:
         if k in state: setattr(self, k, state[k])
     for name, child in self._rubric_children.items():
-        child.load_state_dict({k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")})
+        child.load_state_dict({k[len(name) + 1:]: v for k, v in state.items()
+                               if k.startswith(name + ".")})
 
 # %% ../nbs/00a_rubrics.ipynb #93d1d7c2
 def _register(parent: Rubric, # the container
@@ -241,8 +245,10 @@ class WeightedSum(Rubric):
                  weights: list[float]): # one per rubric, adding up to 1
         super().__init__()
         if len(rubrics) != len(weights):
-            raise ValueError(f"Number of rubrics ({len(rubrics)}) must match number of weights ({len(weights)})")
-        if abs(sum(weights) - 1.0) > 1e-6: raise ValueError(f"Weights must sum to 1.0, got {sum(weights)}")
+            raise ValueError(f"Number of rubrics ({len(rubrics)}) must match number of weights "
+                             f"({len(weights)})")
+        if abs(sum(weights) - 1.0) > 1e-6: raise ValueError("Weights must sum to 1.0, got "
+                                                            f"{sum(weights)}")
         self._rubric_list, self._weights = _register(self, rubrics), list(weights)
 
     @_driven
@@ -266,7 +272,8 @@ class RubricList(Rubric):
         self.extend(rubrics or [])
 
     def forward(self, action: Any, observation: Any) -> float:
-        raise NotImplementedError("A RubricList has no score: use it in a rubric whose `forward` picks from it")
+        raise NotImplementedError("A RubricList has no score: use it in a rubric whose `forward` "
+                                  "picks from it")
 
     def __len__(self): return len(self._rubrics)
     def __getitem__(self, i: int) -> Rubric: return self._rubrics[i]
@@ -293,11 +300,14 @@ class RubricDict(Rubric):
         for k, r in (rubrics or {}).items(): self[k] = r
 
     def forward(self, action: Any, observation: Any) -> float:
-        raise NotImplementedError("A RubricDict has no score: use it in a rubric whose `forward` picks from it")
+        raise NotImplementedError("A RubricDict has no score: use it in a rubric whose `forward` "
+                                  "picks from it")
 
-    def __getattr__(self, name: str) -> Rubric:  # only reached when no attribute or method has this name
+    # only reached when no attribute or method has this name
+    def __getattr__(self, name: str) -> Rubric:
         try: return self.__dict__["_rubric_children"][name]
-        except KeyError: raise AttributeError(f"{type(self).__name__!r} has no attribute or rubric {name!r}") from None
+        except KeyError: raise AttributeError(f"{type(self).__name__!r} has no attribute or rubric "
+                                              f"{name!r}") from None
 
     def __getitem__(self, key: str) -> Rubric: return self._rubric_children[key]
     def __contains__(self, key: str) -> bool: return key in self._rubric_children
@@ -308,7 +318,8 @@ class RubricDict(Rubric):
 @patch
 def __setitem__(self: RubricDict, key: str, rubric: Rubric):
     "Add (or replace) the rubric named `key`."
-    if not isinstance(rubric, Rubric): raise TypeError(f"{key!r}: a RubricDict holds rubrics, not {type(rubric).__name__}")
+    if not isinstance(rubric, Rubric): raise TypeError(f"{key!r}: a RubricDict holds rubrics, not "
+                                                       f"{type(rubric).__name__}")
     if "." in key: raise KeyError(f"{key!r}: a rubric's name cannot hold a dot (paths use them)")
     self._rubric_children[key] = rubric
 
@@ -332,7 +343,8 @@ def _labels(rubric: Rubric, # the rubric whose descendants to name
            ) -> Iterator[tuple[str, Rubric]]:
     "Each descendant with a readable dotted label: a child named `rubric` or `rubric_N` goes by its class, in snake case."
     kids = list(rubric.named_children())
-    by_class = [camel2snake(type(c).__name__) if re.fullmatch(r"rubric(_\d+)?", n) else n for n, c in kids]
+    by_class = [camel2snake(type(c).__name__) if re.fullmatch(r"rubric(_\d+)?", n) else n
+                for n, c in kids]
     for (name, child), label in zip(kids, by_class):
         if label != name and by_class.count(label) > 1: label += name.removeprefix("rubric")
         path = f"{prefix}.{label}" if prefix else label
@@ -345,7 +357,8 @@ def rubric_scores(rubric: Rubric, # a rubric, just called
                  ) -> dict[str, float]:
     "The latest score of `rubric` and of each component that its latest call scored, as a flat dict for `metadata`."
     scored = [(total, rubric), *_labels(rubric)]
-    return {k: float(r.last_score) for k, r in scored if isinstance(r.last_score, numbers.Real) and math.isfinite(r.last_score)}
+    return {k: float(r.last_score) for k, r in scored if isinstance(r.last_score, numbers.Real)
+            and math.isfinite(r.last_score)}
 
 # %% ../nbs/00a_rubrics.ipynb #423c62c3
 class TrajectoryRubric(Rubric):
@@ -418,7 +431,8 @@ class LLMJudge(Rubric):
         "Ask the model about `action` and `observation`; `default_score` when that fails."
         prompt = self._render_prompt(action, observation)
         try: reply = await asyncio.wait_for(self.client.complete(prompt), self.timeout)
-        except Exception as e: return self._failed(f"the call failed: {type(e).__name__}" + (f": {e}" if str(e) else ""))
+        except Exception as e: return self._failed(f"the call failed: {type(e).__name__}"
+                                                   + (f": {e}" if str(e) else ""))
         self.last_error = None
         return self._parse_score(reply)
 
@@ -445,7 +459,8 @@ def _parse_score(self: LLMJudge, reply: str) -> float:
     reply = reply or ""
     m = re.search(self.score_pattern, reply)
     try: score = float(m.group(1) if m.lastindex else m.group(0))
-    except (AttributeError, ValueError, IndexError): return self._failed(f"no score in the reply {reply[:200]!r}")
+    except (AttributeError, ValueError, IndexError):
+        return self._failed(f"no score in the reply {reply[:200]!r}")
     return max(0.0, min(1.0, score)) if self.normalize else score
 
 # %% ../nbs/00a_rubrics.ipynb #62c5a86d
@@ -459,7 +474,9 @@ class ChatClient:
                  temperature: float = 0.0,
                  max_tokens: int = 256, # the longest reply
                  timeout: float = 30.0): # seconds for the HTTP exchange
-        try: import httpx  # checked now, not at the first call: a judge without its client would score its default forever
+        # checked now, not at the first call: a judge without its client would score its default
+        # forever
+        try: import httpx
         except ImportError: raise ImportError("ChatClient needs httpx: pip install httpx") from None
         store_attr()
 
@@ -476,15 +493,18 @@ def request(self: ChatClient, prompt: str,
             **kwargs # more fields for the body, or overrides (`temperature`, `max_tokens`, ...)
            ) -> dict:
     "The body of a chat-completion request for `prompt`."
-    msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [{"role": "user", "content": prompt}]
-    return {"model": self.model, "messages": msgs, "temperature": self.temperature, "max_tokens": self.max_tokens, **kwargs}
+    msgs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt
+            else []) + [{"role": "user", "content": prompt}]
+    return {"model": self.model, "messages": msgs, "temperature": self.temperature,
+            "max_tokens": self.max_tokens, **kwargs}
 
 # %% ../nbs/00a_rubrics.ipynb #592c92b7
 def chat_reply(body: dict # a chat-completion response, parsed from JSON
               ) -> str:
     "The text of the first choice of a chat-completion response."
     try: return body["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError): raise ValueError(f"Not a chat completion: {str(body)[:200]}") from None
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"Not a chat completion: {str(body)[:200]}") from None
 
 # %% ../nbs/00a_rubrics.ipynb #dc27a6d1
 @patch

@@ -1,4 +1,4 @@
-"""`openenv init`: a new environment project, written in a notebook, that serves, tests, validates and builds as it stands; with `--mcp`, a tool environment.
+"""`openenv init`: a new environment project in a notebook that serves, tests and builds as is.
 
 Docs: https://openenv-nb.github.io/openenv-nb/scaffold.html.md"""
 
@@ -30,18 +30,22 @@ class ScaffoldError(ValueError):
     "A project cannot be made: a bad name or target; nothing was written."
 
 # %% ../nbs/12_scaffold.ipynb #ae1b1502
-RESERVED = {"openenv", "openenv_nb", "test", "tests"}  # names a project would shadow besides Python's own modules
+# names a project would shadow besides Python's own modules
+RESERVED = {"openenv", "openenv_nb", "test", "tests"}
 
 def check_name(name: str # the project's name, e.g. `"my_env"`
               ) -> str:
     "`name`, if it can name a project; else a `ScaffoldError` that says why and what would do."
     hint = "use snake_case letters, digits and _, starting with a letter, e.g. 'my_env'"
     if not name: raise ScaffoldError(f"The name is empty: {hint}")
-    if not (name.isascii() and name.isidentifier()): raise ScaffoldError(f"{name!r} is not a valid Python identifier: {hint}")
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name): raise ScaffoldError(f"{name!r} is a Python keyword: pick another name")
+    if not (name.isascii() and name.isidentifier()):
+        raise ScaffoldError(f"{name!r} is not a valid Python identifier: {hint}")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise ScaffoldError(f"{name!r} is a Python keyword: pick another name")
     if name.startswith("_"): raise ScaffoldError(f"{name!r} starts with an underscore: {hint}")
     if name in sys.stdlib_module_names or name in RESERVED or name in sys.builtin_module_names:
-        raise ScaffoldError(f"{name!r} is the name of a module Python or openenv-nb already has; the project's package "
+        raise ScaffoldError(f"{name!r} is the name of a module Python or openenv-nb already has; "
+                            "the project's package "
                             f"would hide it: pick another name, e.g. '{name}_env'")
     return name
 
@@ -56,7 +60,8 @@ def class_prefix(name: str # a checked project name
 def placeholders(name: str # a checked project name
                 ) -> dict[str, str]:
     "What each placeholder of the template becomes for project `name`."
-    return {"__ENV_NAME__": name, "__ENV_CLASS__": class_prefix(name), "__env_class__": class_prefix(name).lower(),
+    return {"__ENV_NAME__": name, "__ENV_CLASS__": class_prefix(name),
+            "__env_class__": class_prefix(name).lower(),
             "__ENV_TITLE__": " ".join(w[:1].upper() + w[1:] for w in name.split("_") if w),
             "__OPENENV_NB_VERSION__": __version__}
 
@@ -81,7 +86,7 @@ def template_files(kind: str = "env" # the template's folder under `openenv_nb/t
 # %% ../nbs/12_scaffold.ipynb #0f2a0e93
 def kind_files(mcp: bool = False # the tool environment's template, laid over the classic one
               ) -> dict[str, str]:
-    "The template's files: the classic environment's, or with `mcp` the tool environment's in place of the ones it replaces."
+    "The template's files: the classic environment's, or with `mcp` the tool environment's."
     return template_files() | (template_files("mcp") if mcp else {})
 
 # %% ../nbs/12_scaffold.ipynb #96d93deb
@@ -104,7 +109,8 @@ _ALL_RE = re.compile(r"^__all__ = (\[.*?\])$", re.M | re.S)
 def _layout_all(text: str) -> str:
     "A module with its `__all__` wrapped as nbdev writes it."
     if not (m := _ALL_RE.search(text)): return text
-    tw = TextWrapper(width=120, initial_indent="", subsequent_indent=" " * 11, break_long_words=False)
+    tw = TextWrapper(width=120, initial_indent="", subsequent_indent=" " * 11,
+                     break_long_words=False)
     return text[:m.start(1)] + "\n".join(tw.wrap(str(ast.literal_eval(m.group(1))))) + text[m.end(1):]
 
 # %% ../nbs/12_scaffold.ipynb #d599b64b
@@ -117,11 +123,12 @@ def reprint(fname: str, # the file's name
 
 # %% ../nbs/12_scaffold.ipynb #a709452d
 def project_files(name: str, # a checked project name
-                  mcp: bool = False, # a tool environment (`MCPEnvironment`) rather than a classic one
+                  mcp: bool = False, # a tool environment (`MCPEnvironment`), not a classic one
                  ) -> dict[str, str]:
     "Every file of project `name`: its path and its text."
     subs = placeholders(name)
-    out = {fill(re.sub(r"(^|/)__DOT__", r"\1.", rel), subs): fill(text, subs) for rel, text in kind_files(mcp).items()}
+    out = {fill(re.sub(r"(^|/)__DOT__", r"\1.", rel), subs): fill(text, subs)
+           for rel, text in kind_files(mcp).items()}
     out["Dockerfile"] = project_dockerfile("/app")
     return {rel: reprint(Path(rel).name, text) for rel, text in sorted(out.items())}
 
@@ -142,12 +149,15 @@ def render(name: str, # a checked project name
 # %% ../nbs/12_scaffold.ipynb #5cd78815
 def _check_target(target: Path):
     "Refuse a target that is a file, a non-empty folder, or under a file."
-    if target.is_file(): raise ScaffoldError(f"{target} is a file: pick another name, or another folder with -o")
+    if target.is_file(): raise ScaffoldError(f"{target} is a file: pick another name, or another "
+                                             "folder with -o")
     if target.is_dir() and any(target.iterdir()):
-        raise ScaffoldError(f"{target} exists and is not empty: pick another name, or another folder with -o")
+        raise ScaffoldError(f"{target} exists and is not empty: pick another name, or another "
+                            "folder with -o")
     for p in target.parents:
         if p.exists():
-            if not p.is_dir(): raise ScaffoldError(f"{p} is a file, not a folder: cannot make {target}")
+            if not p.is_dir(): raise ScaffoldError(f"{p} is a file, not a folder: cannot make "
+                                                   f"{target}")
             break
 
 # %% ../nbs/12_scaffold.ipynb #d3ffa2e0
@@ -159,7 +169,7 @@ def _made_parents(parent: Path) -> list[Path]:
 
 # %% ../nbs/12_scaffold.ipynb #0d352197
 def _publish(tmp: Path, target: Path):
-    "Give `tmp` the mode of a new folder and rename it to `target`, taking the place of an empty folder there."
+    "Give `tmp` a new folder's mode and rename it to `target`, in place of an empty folder there."
     umask = os.umask(0); os.umask(umask)
     tmp.chmod(0o777 & ~umask)
     if target.is_dir(): target.rmdir()
@@ -183,7 +193,8 @@ def init_project(name: str, # the project's name: a package name, e.g. `"my_env"
         shutil.rmtree(tmp, ignore_errors=True)
         for p in reversed(made): shutil.rmtree(p, ignore_errors=True)
         raise
-    if log: log(f"Created {'tool environment' if mcp else 'environment'} {name} in {target} ({len(written)} files)")
+    if log: log(f"Created {'tool environment' if mcp else 'environment'} {name} in {target} "
+                f"({len(written)} files)")
     return target
 
 # %% ../nbs/12_scaffold.ipynb #4397f4b5
@@ -192,7 +203,8 @@ def unfill(text: str, # a file of project `name`
           ) -> str:
     "`text` of project `name` with placeholders back in place of what they became."
     subs = placeholders(name)
-    for k in ("__ENV_TITLE__", "__ENV_NAME__", "__ENV_CLASS__", "__env_class__"): text = text.replace(subs[k], k)
+    for k in ("__ENV_TITLE__", "__ENV_NAME__", "__ENV_CLASS__",
+              "__env_class__"): text = text.replace(subs[k], k)
     return text
 
 # %% ../nbs/12_scaffold.ipynb #2e46d48e

@@ -1,4 +1,4 @@
-"""The Task API: an environment that holds tasks in splits lets clients browse them over HTTP, and `reset(split=, index=)` plays one.
+"""The Task API: clients browse an environment's tasks over HTTP; `reset(split=, index=)` plays one.
 
 Docs: https://openenv-nb.github.io/openenv-nb/tasks.html.md"""
 
@@ -25,7 +25,7 @@ from .environment import Environment
 # %% ../nbs/02a_tasks.ipynb #b7eccbd8
 @runtime_checkable
 class TaskProvider(Protocol):
-    "The methods an environment writes to offer tasks; each may be `async`, and none may change the environment."
+    "The methods an environment writes to offer tasks; each may be `async`; none may change it."
     def list_splits(self) -> list: "The splits: names, or dicts or models with a `name` and a `type`."
     def list_tasks(self, split: str) -> list: "The tasks of `split` (a preview, where a split is too large to list)."
     def num_tasks(self, split: str) -> int: "How many tasks `split` holds."
@@ -35,7 +35,7 @@ class TaskProvider(Protocol):
 
 # %% ../nbs/02a_tasks.ipynb #d5e1dd07
 def jsonable(x: Any) -> Any:
-    "`x` as JSON data: models by their fields, other objects by their attributes, anything else as its text."
+    "`x` as JSON data: models by their fields, other objects by their attributes, else its text."
     if x is None or isinstance(x, (str, int, float, bool)): return x
     if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
     if isinstance(x, dict): return {k: jsonable(v) for k, v in x.items()}
@@ -45,7 +45,9 @@ def jsonable(x: Any) -> Any:
 # %% ../nbs/02a_tasks.ipynb #b4cd45e0
 def split_entry(split: Any) -> dict:
     "`split` as a client reads it: `{\"name\", \"type\", ...}`."
-    if isinstance(split, str): return {"name": split, "type": split if split in ("train", "validation", "test") else "validation"}
+    if isinstance(split, str): return {"name": split, "type": split
+                                       if split in ("train", "validation", "test")
+                                       else "validation"}
     if hasattr(split, "model_dump") or isinstance(split, dict): return jsonable(split)
     return {"name": str(split), "type": "validation"}
 
@@ -68,7 +70,8 @@ class GetTaskRequest(ListTasksRequest):
 class GetTaskRangeRequest(ListTasksRequest):
     "Body of `POST /{env_name}/task_range`; the bounds count as a slice's do."
     start: int | None = Field(default=None, description="First index; from the start when omitted")
-    stop: int | None = Field(default=None, description="Index to stop before; to the end when omitted")
+    stop: int | None = Field(default=None,
+                             description="Index to stop before; to the end when omitted")
 
 # %% ../nbs/02a_tasks.ipynb #7e2af1eb
 def http_error(frame: dict # an error frame
@@ -81,15 +84,17 @@ def http_error(frame: dict # an error frame
 def task_error(name: str, # the `TaskProvider` method that raised
                e: BaseException # what it raised
               ) -> HTTPException:
-    "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500 naming the exception."
-    if isinstance(e, NotImplementedError): return HTTPException(501, f"{name} is not supported for this environment")
+    "The HTTP error for task method `name` raising `e`: 501, 400 for a bad index or split, else 500."
+    if isinstance(e, NotImplementedError):
+        return HTTPException(501, f"{name} is not supported for this environment")
     if isinstance(e, IndexError): return HTTPException(400, "Invalid task index")
-    if isinstance(e, (KeyError, ValueError)): return HTTPException(400, f"Invalid task request: {type(e).__name__}: {e}")
+    if isinstance(e, (KeyError, ValueError)):
+        return HTTPException(400, f"Invalid task request: {type(e).__name__}: {e}")
     return http_error(raised(e))
 
 # %% ../nbs/02a_tasks.ipynb #35fa6064
 class TaskRoutes:
-    "The Task API of one server: its routes, bound to the hub's factory and answering to one environment name."
+    "The Task API of one server: its routes, bound to the hub's factory, answering to one name."
     def __init__(self, hub: Hub, # the server's shared state; its factory makes the environments the routes ask
                  env_name: str | None = None): # the name in the paths; by default the factory's, as in OpenEnv
         self.hub, self.env_name = hub, env_name or getattr(hub.factory, "__name__", "environment")
@@ -99,7 +104,8 @@ class TaskRoutes:
 def check(self, env_name: str # the name in the path
          ):
     "A 404 unless `env_name` is this environment's name, in any case."
-    if env_name.lower() != self.env_name.lower(): raise HTTPException(404, f"unknown environment {env_name!r}")
+    if env_name.lower() != self.env_name.lower():
+        raise HTTPException(404, f"unknown environment {env_name!r}")
 
 # %% ../nbs/02a_tasks.ipynb #b0eebd25
 @patch_to(TaskRoutes)
@@ -114,7 +120,7 @@ async def run(self, fn, # a task method of an environment
 @patch_to(TaskRoutes)
 @contextlib.asynccontextmanager
 async def fresh(self) -> AsyncIterator[Environment]:
-    "A new environment, holding one of the server's slots until it is closed; the capacity error when none is free."
+    "A new environment, holding a server slot until closed; the capacity error when none is free."
     hub = self.hub
     if hub.active >= hub.max_sessions: raise http_error(at_capacity(hub))
     hub.active += 1
@@ -131,7 +137,8 @@ async def call(self, name: str, # a `TaskProvider` method
                *args):
     "`name(*args)` on a fresh environment (see `fresh`); what goes wrong is raised as `task_error`'s answer."
     f = self.hub.factory
-    if isinstance(f, type) and not callable(getattr(f, name, None)): raise task_error(name, NotImplementedError(name))
+    if isinstance(f, type) and not callable(getattr(f, name, None)):
+        raise task_error(name, NotImplementedError(name))
     async with self.fresh() as env:
         try:
             if not callable(fn := getattr(env, name, None)): raise NotImplementedError(name)
@@ -186,8 +193,11 @@ def add_task_routes(app: FastAPI, # the app to serve them on
                    ) -> TaskRoutes:
     "Serve the Task API of `hub`'s environment on `app`."
     routes = TaskRoutes(hub, env_name)
-    for method, path, name in [("GET", "/list_environments", "list_environments"), ("GET", "/{env_name}/splits", "splits"),
-                               ("POST", "/{env_name}/tasks", "tasks"), ("POST", "/{env_name}/num_tasks", "num_tasks"),
-                               ("POST", "/{env_name}/task", "task"), ("POST", "/{env_name}/task_range", "task_range")]:
+    for method, path, name in [("GET", "/list_environments", "list_environments"),
+                               ("GET", "/{env_name}/splits", "splits"),
+                               ("POST", "/{env_name}/tasks", "tasks"),
+                               ("POST", "/{env_name}/num_tasks", "num_tasks"),
+                               ("POST", "/{env_name}/task", "task"),
+                               ("POST", "/{env_name}/task_range", "task_range")]:
         app.add_api_route(path, getattr(routes, name), methods=[method], tags=["Task API"])
     return routes

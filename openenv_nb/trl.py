@@ -1,4 +1,4 @@
-"""Any openenv-nb environment as TRL's `environment_factory`: one persistent session per rollout, the environment's tools as methods, its reward for GRPO.
+"""Any environment as TRL's `environment_factory`: a session per rollout, tools as methods.
 
 Docs: https://openenv-nb.github.io/openenv-nb/trl.html.md"""
 
@@ -29,7 +29,7 @@ from .providers import LocalProcessProvider
 
 # %% ../nbs/17_trl.ipynb #90bf6ee8
 def resolve(schema: dict, # a JSON Schema, maybe a `{"$ref": "#/$defs/Name"}`
-            defs: dict | None = None # the definitions the refs point into (`$defs` or `definitions`)
+            defs: dict | None = None # what the refs point into (`$defs`, `definitions`)
            ) -> dict:
     "`schema`, its `$ref`s followed (a ref to nothing, or a loop of refs, gives `{}`)."
     seen = set()
@@ -37,25 +37,29 @@ def resolve(schema: dict, # a JSON Schema, maybe a `{"$ref": "#/$defs/Name"}`
         ref = schema["$ref"]
         if ref in seen: return {}
         seen.add(ref)
-        schema = {**(defs or {}).get(ref.rsplit("/", 1)[-1], {}), **{k: v for k, v in schema.items() if k != "$ref"}}
+        schema = {**(defs or {}).get(ref.rsplit("/", 1)[-1], {}),
+                  **{k: v for k, v in schema.items() if k != "$ref"}}
     return schema if isinstance(schema, dict) else {}
 
 # %% ../nbs/17_trl.ipynb #2bda2f45
-JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None), "array": list, "object": dict}
+JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None),
+              "array": list, "object": dict}
 SCALARS = (str, int, float, bool, type(None))  # what a `Literal` may hold
 
 # %% ../nbs/17_trl.ipynb #5792fe58
 def py_type(schema: dict, # a JSON Schema
             defs: dict | None = None # the definitions its refs point into
            ) -> Any:
-    "The Python type hint that stands for `schema`, as `transformers`' `get_json_schema` reads hints."
+    "The type hint for `schema`, as `transformers`' `get_json_schema` reads hints."
     s = resolve(schema, defs)
     if "const" in s and isinstance(s["const"], SCALARS): return Literal[s["const"]]
-    if "enum" in s and s["enum"] and all(isinstance(v, SCALARS) for v in s["enum"]): return Literal[tuple(s["enum"])]
+    if "enum" in s and s["enum"] and all(isinstance(v, SCALARS)
+                                         for v in s["enum"]): return Literal[tuple(s["enum"])]
     if alts := s.get("anyOf") or s.get("oneOf"): return Union[tuple(py_type(a, defs) for a in alts)]
     t = s.get("type")
     if isinstance(t, list): return Union[tuple(py_type({**s, "type": x}, defs) for x in t)]
-    if t == "array" and (items := resolve(s.get("items") or {}, defs)): return list[py_type(items, defs)]
+    if t == "array" and (items := resolve(s.get("items") or {},
+                                          defs)): return list[py_type(items, defs)]
     extra = s.get("additionalProperties")
     if t == "object" and isinstance(extra, dict) and extra: return dict[str, py_type(extra, defs)]
     return JSON_TYPES.get(t, Any)
@@ -82,9 +86,9 @@ class Param:
     description: str = "" # what it is, for the model
 
 # %% ../nbs/17_trl.ipynb #33eb21aa
-def tool_params(schema: dict # an object's JSON Schema (a tool's `input_schema`, or an action's schema)
+def tool_params(schema: dict # an object's schema: a tool's `input_schema`, an action's
                ) -> list[Param]:
-    "The parameters of a tool taking `schema`, required ones first (Python wants them so), each in the schema's order."
+    "The parameters of a tool taking `schema`: required first (Python wants it), in schema order."
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     required, taken, params = set(schema.get("required", [])), set(), []
     for key, prop in (schema.get("properties") or {}).items():
@@ -97,10 +101,11 @@ def tool_params(schema: dict # an object's JSON Schema (a tool's `input_schema`,
 # %% ../nbs/17_trl.ipynb #1645cb44
 def tool_signature(params: list[Param] # the tool's parameters
                   ) -> inspect.Signature:
-    "The signature of a tool method: `self`, then each parameter by keyword, hinted, the optional ones with their default."
+    "A tool method's signature: `self`, then each parameter by keyword, hinted, with any default."
     ps = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     ps += [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=p.type,
-                             default=inspect.Parameter.empty if p.required else p.default) for p in params]
+                             default=inspect.Parameter.empty if p.required else p.default)
+                             for p in params]
     return inspect.Signature(ps, return_annotation=str)
 
 # %% ../nbs/17_trl.ipynb #8a11c640
@@ -115,23 +120,25 @@ def tool_doc(description: str, # what the tool does
 # %% ../nbs/17_trl.ipynb #93841ef3
 @dataclass
 class ToolSpec:
-    "A tool to give the model: its name, description and argument schema, and how a call becomes an action."
+    "A tool for the model: name, description, argument schema, and how a call becomes an action."
     name: str # the tool's name, as the model calls it
     description: str # what it does
     input_schema: dict # JSON Schema of its arguments: an object
-    action: Callable[[dict], dict] = field(default=lambda args: args, repr=False) # the arguments, by property name -> the action sent
+    action: Callable[[dict], dict] = field(default=lambda args: args, repr=False) # args -> action
 
 # %% ../nbs/17_trl.ipynb #959dfa8d
 def tool_method(spec: ToolSpec, # the tool
                 async_tool: bool = False # make an `async def` method
                ) -> Callable:
-    "A method for `spec`, whose signature and docstring give its schema back through `get_json_schema`."
+    "A method for `spec`, whose signature and docstring give back its schema (`get_json_schema`)."
     params = tool_params(spec.input_schema)
     sig, keys = tool_signature(params), {p.name: p.key for p in params}
     def call(self, *args, **kwargs) -> str:
         bound = sig.bind(self, *args, **kwargs)
-        return self._act(spec.action({keys[k]: v for k, v in bound.arguments.items() if k != "self"}))
-    async def acall(self, *args, **kwargs) -> str: return await asyncio.to_thread(call, self, *args, **kwargs)
+        return self._act(spec.action({keys[k]: v for k, v in bound.arguments.items()
+                                      if k != "self"}))
+    async def acall(self, *args, **kwargs) -> str:
+        return await asyncio.to_thread(call, self, *args, **kwargs)
     f = acall if async_tool else call
     f.__name__ = f.__qualname__ = spec.name
     f.__signature__, f.__doc__ = sig, tool_doc(spec.description, params)
@@ -145,20 +152,24 @@ def target_of(source: str | type # a target, an `EnvClient` class, or an `Enviro
     if isinstance(source, str): return source
     if isinstance(source, type) and issubclass(source, EnvClient):
         if source.default_target: return source.default_target
-        raise ValueError(f"{source.__name__} has no default_target: pass a target, a URL, a provider or a pool instead")
+        raise ValueError(f"{source.__name__} has no default_target: pass a target, a URL, a "
+                         "provider or a pool instead")
     mod, name = getattr(source, "__module__", None), getattr(source, "__qualname__", repr(source))
     if not mod or mod == "__main__" or "<locals>" in name:
-        raise ValueError(f"{name} is defined in {mod or 'no module'}, which a server process cannot import: serve it "
-                         f"yourself (`serve_in_thread(create_app({name}))`) and pass its URL, or move it to a module")
+        raise ValueError(f"{name} is defined in {mod or 'no module'}, which a server process "
+                         "cannot import: serve it "
+                         f"yourself (`serve_in_thread(create_app({name}))`) and pass its URL, or "
+                         "move it to a module")
     return f"{mod}:{name}"
 
 # %% ../nbs/17_trl.ipynb #192bdf94
 class Endpoint:
-    "Where the instances of one factory connect: a URL, or the server(s) of a target, provider or pool, started once."
+    "Where one factory's instances connect: a URL, or the servers of a target, provider or pool."
     def __init__(self, source, # a URL, a target, a class, a provider or a `ServerPool`
                  max_sessions: int = 256, # sessions a server this endpoint starts will hold
-                 token: str | None = None): # the token a server this endpoint starts asks for (its `OPENENV_TOKEN`)
-        self.source, self.max_sessions, self.token, self.owned, self._next = source, max_sessions, token, None, None
+                 token: str | None = None): # the `OPENENV_TOKEN` of servers started here
+        self.source, self.max_sessions, self.token = source, max_sessions, token
+        self.owned, self._next = None, None
     def __repr__(self): return f"Endpoint({self.source!r})"
 
 # %% ../nbs/17_trl.ipynb #30cdab9e
@@ -169,7 +180,8 @@ def _open(self: Endpoint) -> Callable[[], str]:
     if isinstance(s, str) and "://" in s: return lambda: s
     if isinstance(s, (str, type)):
         env = None if self.token is None else {"OPENENV_TOKEN": self.token}
-        self.owned = s = LocalProcessProvider(target_of(s), max_sessions=self.max_sessions, env_vars=env)
+        self.owned = s = LocalProcessProvider(target_of(s), max_sessions=self.max_sessions,
+                                              env_vars=env)
     if hasattr(s, "next_url"):  # a pool
         if not s.started: s.start(); self.owned = s
         return s.next_url
@@ -177,7 +189,8 @@ def _open(self: Endpoint) -> Callable[[], str]:
         if getattr(s, "base_url", None) is None: self.owned = s
         s.start()
         return lambda: s.base_url or s.start()
-    raise TypeError(f"Cannot train on {s!r}: give a target, a class, a URL, a provider or a ServerPool")
+    raise TypeError(f"Cannot train on {s!r}: give a target, a class, a URL, a provider or a "
+                    "ServerPool")
 
 # %% ../nbs/17_trl.ipynb #3d608b50
 @patch
@@ -201,7 +214,9 @@ def mcp_tools(url: str, # the server's base URL
              ) -> list:
     "The tools the server at `url` lists on `/mcp` (`Tool`s); `[]` for a classic environment."
     http = HTTPEnvClient(url, timeout_s=timeout_s, headers=headers, token=token)
-    try: r = http.session.post(http.base_url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}, timeout=timeout_s)
+    try: r = http.session.post(http.base_url + "/mcp",
+                               json={"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                                     "params": {}}, timeout=timeout_s)
     finally: http.close()
     try: tools = r.json().get("result", {}).get("tools", []) if r.ok else []
     except ValueError: tools = []
@@ -209,28 +224,33 @@ def mcp_tools(url: str, # the server's base URL
 
 # %% ../nbs/17_trl.ipynb #4df6bc06
 def action_tool(url: str, # the server's base URL
-                name: str | None = None, # the tool's name; default: the action class's, less `Action`, in snake case
+                name: str | None = None, # default: the action class's, less `Action`, snake case
                 headers: dict | None = None, # more headers for the request
                 token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
                ) -> ToolSpec:
-    "The one tool of a classic environment: its action's fields as arguments, its action as what a call sends."
-    with HTTPEnvClient(url, headers=headers, token=token) as http: schema = dict(http.schema()["action"])
-    schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
+    "A classic environment's one tool: its action's fields as arguments; a call sends the action."
+    with HTTPEnvClient(url, headers=headers,
+                       token=token) as http: schema = dict(http.schema()["action"])
+    schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items()
+                            if k != "metadata"}
     title = re.sub(r"Action$", "", schema.get("title") or "") or "act"
     name = name or re.sub(r"(?<!^)(?=[A-Z])", "_", title).lower()
     return ToolSpec(name, schema.get("description") or f"Act in the environment ({title}).", schema)
 
 # %% ../nbs/17_trl.ipynb #8aace2b4
-RESERVED = frozenset({"reset", "get_reward"})  # what TRL calls on an environment itself: never a tool's name
+# what TRL calls on an environment itself: never a tool's name
+RESERVED = frozenset({"reset", "get_reward"})
 
 # %% ../nbs/17_trl.ipynb #ba3f40df
 def call_tool_spec(tool # a `Tool` (or anything with `name`, `description` and `input_schema`)
                   ) -> ToolSpec:
     "The spec of one tool of a tool environment: a call sends a `CallToolAction` naming it."
     if tool.name in RESERVED or tool.name.startswith("_"):
-        raise ValueError(f"The environment has a tool named {tool.name!r}, which TRL would not treat as a tool: rename it")
+        raise ValueError(f"The environment has a tool named {tool.name!r}, which TRL would not "
+                         "treat as a tool: rename it")
     return ToolSpec(tool.name, tool.description, tool.input_schema,
-                    lambda args, n=tool.name: {"type": "call_tool", "tool_name": n, "arguments": args})
+                    lambda args, n=tool.name: {"type": "call_tool", "tool_name": n,
+                                               "arguments": args})
 
 # %% ../nbs/17_trl.ipynb #cac1a86b
 def tool_specs(url: str, # the server's base URL
@@ -238,9 +258,10 @@ def tool_specs(url: str, # the server's base URL
                headers: dict | None = None, # more headers for the requests
                token: str | None = None # the server's token; `None` reads `OPENENV_TOKEN`
               ) -> list[ToolSpec]:
-    "The tools of the environment served at `url`: one per tool of a tool environment, else its action as one tool."
+    "The tools of the environment at `url`: one per tool of a tool environment, else its action."
     tools = mcp_tools(url, headers=headers, token=token)
-    return [call_tool_spec(t) for t in tools] if tools else [action_tool(url, tool_name, headers, token)]
+    return ([call_tool_spec(t) for t in tools] if tools
+            else [action_tool(url, tool_name, headers, token)])
 
 # %% ../nbs/17_trl.ipynb #39064aba
 def as_text(value) -> str:
@@ -266,56 +287,67 @@ def tool_error(obs # a step's observation
               ) -> str | None:
     "What went wrong in a tool call, when its observation says it failed."
     if not isinstance(obs, dict) or "tool_name" not in obs: return None
-    if err := obs.get("error"): return f"{err.get('error_type', 'error')}: {err.get('message', err)}" if isinstance(err, dict) else str(err)
+    if err := obs.get("error"):
+        return (f"{err.get('error_type', 'error')}: {err.get('message', err)}"
+                if isinstance(err, dict) else str(err))
     result = obs.get("result")
-    if isinstance(result, dict) and (result.get("isError") or result.get("is_error")): return f"tool error: {as_text(tool_value(result))}"
+    if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
+        return f"tool error: {as_text(tool_value(result))}"
     return None
 
 # %% ../nbs/17_trl.ipynb #816c8a5a
-REWARDS = {"total": sum, "last": lambda rs: rs[-1] if rs else 0.0, "max": lambda rs: max(rs, default=0.0),
-           "mean": lambda rs: sum(rs) / len(rs) if rs else 0.0}  # how an episode's rewards become one number
+REWARDS = {"total": sum, "last": lambda rs: rs[-1] if rs else 0.0,
+           "max": lambda rs: max(rs, default=0.0),
+           # how an episode's rewards become one number
+           "mean": lambda rs: sum(rs) / len(rs) if rs else 0.0}
 
 # %% ../nbs/17_trl.ipynb #625859c1
 def reward_fn(reward: str | Callable # a name in `REWARDS`, or a function of the list of rewards
              ) -> Callable[[list[float]], float]:
     "The function that makes one number of an episode's rewards."
     if callable(reward): return reward
-    if reward not in REWARDS: raise ValueError(f"Unknown reward {reward!r}: one of {sorted(REWARDS)}, or a function of the rewards")
+    if reward not in REWARDS: raise ValueError(f"Unknown reward {reward!r}: one of "
+                                               f"{sorted(REWARDS)}, or a function of the rewards")
     return REWARDS[reward]
 
 # %% ../nbs/17_trl.ipynb #c9135a28
 class ToolEnv:
-    "One rollout's environment for TRL: `reset` with the dataset's columns, the environment's tools as methods, `get_reward`."
+    "A rollout's environment for TRL: `reset` with the row's columns, tools as methods, `get_reward`."
     _endpoint: Endpoint | None = None  # where sessions connect; set by `environment_factory`
     _specs: list = []  # the tools, as `ToolSpec`s
     _render = staticmethod(render_observation)  # observation -> text
     _reward = staticmethod(sum)  # rewards -> the episode's reward
     _exclude: frozenset = frozenset({"prompt"})  # dataset columns that are not reset arguments
     _auth: dict = {}  # `headers=` and `token=` of the clients (see `environment_factory`)
-    _instances: weakref.WeakSet = weakref.WeakSet()  # the live instances (each made class has its own)
+    _instances: weakref.WeakSet = weakref.WeakSet()  # live instances (a set per class)
     separator = "\n\n"  # put between the prompt and the first observation, which TRL appends to it
-    over_text = "The episode is over: no more tool calls are taken."  # what a tool call gets after the episode ended
+    # what a tool call gets after the episode ended
+    over_text = "The episode is over: no more tool calls are taken."
 
     def __init__(self):
-        self.client, self.rewards, self.done, self.resets, self.observation = None, [], False, 0, None
+        self.client, self.rewards, self.done = None, [], False
+        self.resets, self.observation = 0, None
         type(self)._instances.add(self)
 
 # %% ../nbs/17_trl.ipynb #052383cf
 @patch
 def reset(self: ToolEnv, **kwargs) -> str:
-    "Start an episode with the dataset row's columns as reset arguments; the first observation, as text."
-    if self.client is None: self.client = GenericEnvClient(self._endpoint.url(), **self._auth).sync()
+    "Start an episode with the dataset row's columns as reset arguments; the observation as text."
+    if self.client is None: self.client = GenericEnvClient(self._endpoint.url(),
+                                                           **self._auth).sync()
     r = self.client.reset(**{k: v for k, v in kwargs.items() if k not in self._exclude})
-    self.rewards, self.done, self.observation = [] if r.reward is None else [r.reward], r.done, r.observation
+    self.rewards = [] if r.reward is None else [r.reward]
+    self.done, self.observation = r.done, r.observation
     self.resets += 1
     return self.separator + self._render(r.observation)
 
 # %% ../nbs/17_trl.ipynb #a2a43d80
 @patch
 def _act(self: ToolEnv, action: dict) -> str:
-    "Send `action` as one step; the observation as text (`ToolCallFailed` for a tool call that failed)."
+    "Send `action` as one step; the observation as text (`ToolCallFailed` if a tool call failed)."
     if self.done: return self.over_text
-    if self.client is None: raise RuntimeError(f"{type(self).__name__}: call reset() before the tools")
+    if self.client is None: raise RuntimeError(f"{type(self).__name__}: call reset() before the "
+                                               "tools")
     r = self.client.step(action)
     if r.reward is not None: self.rewards.append(r.reward)
     self.done, self.observation = r.done, r.observation
@@ -345,37 +377,42 @@ def class_name(name: str # any name
     return "_" + name if name[0].isdigit() else name
 
 # %% ../nbs/17_trl.ipynb #849a8349
-def environment_factory(source, # a target (`"echo"`), a class, a server's URL, a provider or a `ServerPool`
-                        name: str | None = None, # the class's name, which TRL logs the reward under; default: the environment's
-                        tool_name: str | None = None, # a classic environment's tool name; default: from its action class
-                        render: Callable | None = None, # observation (a dict) -> text; default `render_observation`
-                        reward: str | Callable = "total", # the episode's reward: `"total"`, `"last"`, `"max"`, `"mean"` or a function of the rewards
+def environment_factory(source, # a target (`"echo"`), class, URL, provider or `ServerPool`
+                        name: str | None = None, # the class's name (TRL logs rewards under it)
+                        tool_name: str | None = None, # a classic environment's tool name
+                        render: Callable | None = None, # obs dict -> text; default: `render_observation`
+                        reward: str | Callable = "total", # a `REWARDS` name, or a function of rewards
                         exclude: tuple = ("prompt",), # dataset columns not passed to `reset`
                         async_tools: bool = False, # make the tool methods `async def`
-                        max_sessions: int = 256, # sessions of a server started here (one per rollout in a batch)
-                        headers: dict | None = None, # more headers for every request and session, e.g. a private Space's `Authorization`
-                        token: str | None = None, # the server's token (`None` reads `OPENENV_TOKEN`); a server started here asks for it
+                        max_sessions: int = 256, # sessions of a server started here
+                        headers: dict | None = None, # more headers: a private Space's `Authorization`
+                        token: str | None = None, # the server's token; default `OPENENV_TOKEN`
                        ) -> type[ToolEnv]:
-    "A class to give TRL's `GRPOTrainer(environment_factory=...)`: each instance is one rollout's session with the environment."
+    "A class for TRL's `GRPOTrainer(environment_factory=...)`: an instance per rollout's session."
     endpoint, auth = Endpoint(source, max_sessions, token), dict(headers=headers, token=token)
     url = endpoint.url()
     specs = tool_specs(url, tool_name, **auth)
     with HTTPEnvClient(url, **auth) as http: meta = http.metadata()
     attrs = {s.name: tool_method(s, async_tools) for s in specs}
-    attrs.update(_endpoint=endpoint, _specs=specs, _render=staticmethod(render or render_observation), _auth=auth,
-                 _reward=staticmethod(reward_fn(reward)), _exclude=frozenset(exclude), _instances=weakref.WeakSet(),
+    attrs.update(_endpoint=endpoint, _specs=specs,
+                 _render=staticmethod(render or render_observation), _auth=auth,
+                 _reward=staticmethod(reward_fn(reward)), _exclude=frozenset(exclude),
+                 _instances=weakref.WeakSet(),
                  __doc__=meta.get("description") or ToolEnv.__doc__)
     return type(class_name(name or meta.get("name") or "Env"), (ToolEnv,), attrs)
 
 # %% ../nbs/17_trl.ipynb #30592b1a
 def tiny_chat_tokenizer():
-    "A byte-level tokenizer with Qwen 2.5's chat template (tools included), built here: no download."
+    "A byte-level tokenizer with Qwen 2.5's chat template (tools too), built here: no download."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen2_5_chat_template
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[]))
-    tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False), decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>",
                                   additional_special_tokens=["<|im_start|>"])
     tok.chat_template = qwen2_5_chat_template
     return tok
@@ -384,12 +421,14 @@ def tiny_chat_tokenizer():
 def tiny_causal_lm(tokenizer, # the tokenizer it will read (`tiny_chat_tokenizer()`)
                    seed: int = 0, # seed of the random weights
                    **config): # overrides of the `Qwen2Config` (e.g. `hidden_size=64`)
-    "A randomly initialised Qwen2 causal LM of a few thousand weights, for running a training loop on CPU."
+    "A random Qwen2 causal LM of a few thousand weights, to run a training loop on CPU."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    cfg = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    cfg = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1,
                max_position_embeddings=4096, tie_word_embeddings=True) | config
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+        return Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer),
+                                            eos_token_id=tokenizer.eos_token_id,
                                             pad_token_id=tokenizer.pad_token_id, **cfg))

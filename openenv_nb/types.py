@@ -84,8 +84,9 @@ _LIFTED = {"reward", "done"}
 def to_envelope(obs: Observation, # the observation an environment returned
                 metadata: bool = True # unused: kept for callers of the old `metadata` extension
                ) -> dict:
-    "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, plus `metadata` when not empty."
-    fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)  # `model_dump` without its wrapper
+    "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, any `metadata`."
+    # `model_dump` without its wrapper
+    fields = type(obs).__pydantic_serializer__.to_python(obs, mode="json", exclude=_LIFTED)
     env = {"observation": fields, "reward": obs.reward, "done": obs.done}
     if obs.metadata: env["metadata"] = env["observation"]["metadata"]
     return env
@@ -109,7 +110,7 @@ class StepResult(Generic[ObsT]):
     observation: ObsT
     reward: float | None = None
     done: bool = False
-    metadata: dict | None = None  # the observation's metadata, as openenv 0.10's `StepResult` carries it
+    metadata: dict | None = None  # the observation's metadata, as 0.10's `StepResult` has it
 
 # %% ../nbs/00_types.ipynb #7007cca5
 def from_envelope(env: dict, # an envelope as received
@@ -191,19 +192,20 @@ def type_args(cls: type, # a class that subclasses `base[...]` somewhere
 import orjson
 
 # %% ../nbs/00_types.ipynb #dc4f5ea1
-_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))  # digits to `0`, `.` kept, the rest to spaces
+# digits to `0`, `.` kept, the rest to spaces
+_DIGITS = bytes(48 if 48 <= c <= 57 else c if c == 46 else 32 for c in range(256))
 _RUN, _SPACED_RUN = b"0" * 19, b" " + b"0" * 19
 
 def _long_int(raw: bytes # JSON text, as UTF-8
              ) -> bool:
-    "Whether `raw` may hold an integer of 19 digits or more: a run of 19 digits with no digit or `.` before it."
+    "Whether `raw` may hold an integer of 19+ digits: 19 digits with no digit or `.` before them."
     t = raw.translate(_DIGITS)
     return t.startswith(_RUN) or _SPACED_RUN in t
 
 # %% ../nbs/00_types.ipynb #7dc7cdf6
 def loads(text: str | bytes # JSON text
          ) -> Any:
-    "`json.loads(text)`, computed by orjson wherever that gives the same result; `json`'s result or error otherwise."
+    "`json.loads(text)`, by orjson where that gives the same result; else `json`'s result or error."
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if not _long_int(raw):
         try: return orjson.loads(raw)

@@ -1,4 +1,4 @@
-"""`EnvPanel`: the web page's experience inside a notebook, as an ipywidgets panel: a form from the action schema (or one per tool), buttons, the observation with its images, a history and a reward plot with the rubric's components.
+"""`EnvPanel`: the web page in a notebook, as ipywidgets: forms, observation, history, reward plot.
 
 Docs: https://openenv-nb.github.io/openenv-nb/widget.html.md"""
 
@@ -23,7 +23,8 @@ from fastcore.basics import patch
 from pydantic import BaseModel, ValidationError
 
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
-from .forms import by_field, collect, form_fields, image_fields, is_image, is_tool_action, reward_parts, tool_forms, tool_spec
+from .forms import (by_field, collect, form_fields, image_fields, is_image, is_tool_action,
+                              reward_parts, tool_forms, tool_spec)
 from .mcp_client import tool_value
 from .types import EnvServerError, ResetRequest, StepResult
 
@@ -39,16 +40,17 @@ def as_client(env: Any # a server URL, an `EnvClient` (or its `.sync()` twin), o
 # %% ../nbs/06_widget.ipynb #9f2d6547
 def _session(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`, its URL known
             ) -> requests.Session:
-    "A `requests` session for the server of `client`: the client's headers (a token, say), and no proxy for a local server."
+    "A `requests` session for `client`'s server: the client's headers (a token), no proxy if local."
     s = requests.Session()
-    s.headers.update(client.session.headers if isinstance(client, HTTPEnvClient) else getattr(client, "headers", None) or {})
+    s.headers.update(client.session.headers if isinstance(client, HTTPEnvClient)
+                     else getattr(client, "headers", None) or {})
     s.trust_env = not is_loopback(client.base_url)
     return s
 
 # %% ../nbs/06_widget.ipynb #371833a9
 def action_schema(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
                  ) -> dict:
-    "The action's JSON schema: from the client's action class when it has one, else from the server's `/schema`."
+    "The action's JSON schema: from the client's action class if any, else the server's `/schema`."
     cls = getattr(client, "action_type", None)
     if cls is not None: return cls.model_json_schema()
     if isinstance(client, HTTPEnvClient): return client.schema()["action"]
@@ -61,23 +63,25 @@ def action_schema(client: SyncEnvClient | HTTPEnvClient # a client from `as_clie
 # %% ../nbs/06_widget.ipynb #f2811063
 def rpc_tools(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
              ) -> list[dict]:
-    "The tools the server lists on `POST /mcp` (`tools/list`), as `tool_spec` dicts; `[]` when it lists none or cannot say."
+    "The tools the server lists on `POST /mcp` (`tools/list`) as `tool_spec` dicts; `[]` if none."
     if isinstance(client, SyncEnvClient) and client.base_url is None: client.connect()
     with _session(client) as s:
         try:
-            r = s.post(http_url(client.base_url) + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30)
+            r = s.post(http_url(client.base_url) + "/mcp",
+                       json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30)
             return [tool_spec(t) for t in r.json()["result"]["tools"]]
         except (requests.RequestException, ValueError, KeyError, TypeError): return []
 
 # %% ../nbs/06_widget.ipynb #990f20c6
 def find_tools(client: SyncEnvClient | HTTPEnvClient # a client from `as_client`
               ) -> list[dict]:
-    "The environment's tools as `tool_spec` dicts: from the client's `list_tools` when it has one, else from `/mcp`."
+    "The environment's tools as `tool_spec` dicts: from the client's `list_tools`, else `/mcp`."
     if hasattr(client, "list_tools"):
         try: return [tool_spec(t) for t in client.list_tools()]
         except EnvServerError: pass  # a server without the `mcp` message: ask `/mcp`
     cls = getattr(client, "action_type", None)
-    if cls is not None and not is_tool_action(cls.model_json_schema()): return []  # its class says: no tools
+    # its class says: no tools
+    if cls is not None and not is_tool_action(cls.model_json_schema()): return []
     return rpc_tools(client)
 
 # %% ../nbs/06_widget.ipynb #b8af49d7
@@ -90,55 +94,68 @@ def _fmt(x) -> str:
     return str(x) if isinstance(x, int) or not x.is_integer() else str(int(x))
 
 # %% ../nbs/06_widget.ipynb #38ec51d8
-PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777")  # the reward's line, then each component's
+# the reward's line, then each component's
+PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777")
 
 # %% ../nbs/06_widget.ipynb #35089af6
 def plot_series(rewards: list[tuple[int, float]], # `(step, reward)` pairs, oldest first
-                parts: Iterable[tuple[int, dict]] = () # `(step, {component: score})` pairs, from `reward_parts`
+                parts: Iterable[tuple[int, dict]] = () # `(step, {component: score})`s: `reward_parts`
                ) -> dict[str, list[tuple[int, float]]]:
-    "The lines to draw: `reward`, then each rubric component but `total` (which the reward line shows); finite values only."
+    "The lines to draw: `reward`, then each rubric component but `total`; finite values only."
     ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     parts = list(parts)
     names = dict.fromkeys(k for _, d in parts for k in d if k != "total")
-    series = {"reward": [(s, r) for s, r in rewards if ok(r)]} | {n: [(s, d[n]) for s, d in parts if ok(d.get(n))] for n in names}
+    series = {"reward": [(s, r) for s, r in rewards
+                         if ok(r)]} | {n: [(s, d[n]) for s, d in parts if ok(d.get(n))]
+                                       for n in names}
     return {k: v for k, v in series.items() if v}
 
 # %% ../nbs/06_widget.ipynb #c79483cb
-def _line(pts: list[tuple[int, float]], x, y, # the points, and the functions that place a step and a value
+def _line(pts: list[tuple[int, float]], x, y, # the points; where a step and a value go
           colour: str, main: bool # the line's colour; the reward's line is thicker
          ) -> str:
     "One line of the plot, as SVG, with a dot per point while there are few."
     line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in pts)
-    dots = "".join(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{2.5 if main else 2}" fill="{colour}"/>' for s, v in pts) if len(pts) <= 60 else ""
+    dots = "".join(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{2.5 if main else 2}" '
+                   f'fill="{colour}"/>' for s, v in pts) if len(pts) <= 60 else ""
     dash = "" if main else ' stroke-dasharray="4 3"'
-    return f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="{2 if main else 1.5}"{dash}/>{dots}'
+    return (f'<polyline points="{line}" fill="none" stroke="{colour}" '
+            f'stroke-width="{2 if main else 1.5}"{dash}/>{dots}')
 
 # %% ../nbs/06_widget.ipynb #43c553a1
 def _legend(names: list[str] # the lines drawn, in order
            ) -> str:
     "Which colour is which line, under the plot; nothing when the reward is drawn alone."
     if len(names) < 2: return ""
-    return '<div class="oe-legend">' + " ".join(f'<span style="color: {c}">━ {_e(n)}</span>' for n, c in zip(names, cycle(PALETTE))) + "</div>"
+    return '<div class="oe-legend">' + " ".join(f'<span style="color: {c}">━ {_e(n)}</span>'
+                                                for n, c in zip(names, cycle(PALETTE))) + "</div>"
 
 # %% ../nbs/06_widget.ipynb #d73786c4
 def reward_svg(points: list[tuple[int, float]], # `(step, reward)` pairs, oldest first
-               parts: Iterable[tuple[int, dict]] = (), # `(step, {component: score})` pairs, for the rubric's lines
+               parts: Iterable[tuple[int, dict]] = (), # `(step, {component: score})`s
                width: int = 520, height: int = 120) -> str:
     "A line plot of reward per step, and of each rubric component beside it, as inline SVG."
     series = plot_series(points, parts)
     if not series: return '<p class="oe-muted">Rewards appear here as you step.</p>'
     L, R, T, B = 40, 8, 10, 18
-    steps, ys = sorted({s for pts in series.values() for s, _ in pts}), [v for pts in series.values() for _, v in pts]
+    steps, ys = sorted({s for pts in series.values()
+                        for s, _ in pts}), [v for pts in series.values() for _, v in pts]
     lo, hi = min(0, *ys), max(0, *ys)
-    x = lambda s: L + ((width - L - R) / 2 if len(steps) == 1 else (s - steps[0]) * (width - L - R) / (steps[-1] - steps[0]))
+    x = lambda s: L + ((width - L - R) / 2 if len(steps) == 1
+                       else (s - steps[0]) * (width - L - R) / (steps[-1] - steps[0]))
     y = lambda v: T + (height - T - B) * (1 - (v - lo) / ((hi - lo) or 1))
-    lines = "".join(_line(pts, x, y, c, n == "reward") for (n, pts), c in zip(series.items(), cycle(PALETTE)))
-    last = f'<text x="{width - R}" y="{height - 4}" text-anchor="end">step {steps[-1]}</text>' if len(steps) > 1 else ""
-    return (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="reward per step" '
+    lines = "".join(_line(pts, x, y, c, n == "reward")
+                    for (n, pts), c in zip(series.items(), cycle(PALETTE)))
+    last = (f'<text x="{width - R}" y="{height - 4}" text-anchor="end">step {steps[-1]}</text>'
+            if len(steps) > 1 else "")
+    return (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+            'aria-label="reward per step" '
             f'style="max-width: 100%; height: auto; font: 10px monospace; fill: #667085">'
             f'<line x1="{L}" x2="{width - R}" y1="{y(0):.1f}" y2="{y(0):.1f}" stroke="#e4e7ec"/>'
-            f'<text x="2" y="{T + 8}">{_e(_fmt(hi))}</text><text x="2" y="{height - B}">{_e(_fmt(lo))}</text>'
-            f'<text x="{x(steps[0]):.1f}" y="{height - 4}" text-anchor="{"middle" if len(steps) == 1 else "start"}">step {steps[0]}</text>'
+            f'<text x="2" y="{T + 8}">{_e(_fmt(hi))}</text><text x="2" '
+            f'y="{height - B}">{_e(_fmt(lo))}</text>'
+            f'<text x="{x(steps[0]):.1f}" y="{height - 4}" '
+            f'text-anchor="{"middle" if len(steps) == 1 else "start"}">step {steps[0]}</text>'
             f'{last}{lines}</svg>' + _legend(list(series)))
 
 # %% ../nbs/06_widget.ipynb #acca1400
@@ -154,17 +171,20 @@ def _value(v) -> str:
 def frames_html(images: dict[str, str] # image fields by name, from `image_fields`
                ) -> str:
     "The observation's images, each drawn with its field's name under it."
-    return "".join(f'<figure class="oe-frame"><img src="{_e(u)}" alt="{_e(n)}"><figcaption>{_e(n)}</figcaption></figure>'
+    return "".join(f'<figure class="oe-frame"><img src="{_e(u)}" '
+                   f'alt="{_e(n)}"><figcaption>{_e(n)}</figcaption></figure>'
                    for n, u in images.items())
 
 # %% ../nbs/06_widget.ipynb #9a600522
 def observation_html(obs: dict, # the observation's fields
                      metadata: dict | None = None) -> str:
-    "The observation: its images drawn, then a table of its other fields, and of its metadata when there is any."
+    "The observation: its images drawn, then a table of its other fields and any metadata."
     images = image_fields(obs)
-    rows = [(k, v) for k, v in obs.items() if k not in images] + ([("metadata", metadata)] if metadata else [])
+    rows = [(k, v) for k, v in obs.items()
+            if k not in images] + ([("metadata", metadata)] if metadata else [])
     if not rows and not images: return '<p class="oe-muted">(no fields)</p>'
-    table = '<table class="oe-kv">' + "".join(f"<tr><th>{_e(k)}</th><td>{_value(v)}</td></tr>" for k, v in rows) + "</table>"
+    table = '<table class="oe-kv">' + "".join(f"<tr><th>{_e(k)}</th><td>{_value(v)}</td></tr>"
+                                              for k, v in rows) + "</table>"
     return frames_html(images) + (table if rows else "")
 
 # %% ../nbs/06_widget.ipynb #0a52d374
@@ -174,10 +194,13 @@ def stats_html(reward, # the last reward, or `None`
                episode_id # the episode's id, when known
               ) -> str:
     "The four numbers at the top of the right pane."
-    tile = lambda label, v, cls="": f'<div class="oe-stat {cls}"><span>{label}</span><b title="{_e(v)}">{_e(v)}</b></div>'
+    tile = lambda label, v, cls="": (f'<div class="oe-stat {cls}"><span>{label}</span>'
+                                     f'<b title="{_e(v)}">{_e(v)}</b></div>')
     none = lambda v: "–" if v is None else v
-    return ('<div class="oe-stats">' + tile("Reward", none(None if reward is None else _fmt(reward))) +
-            tile("Done", "–" if done is None else "yes" if done else "no") + tile("Step", none(step)) +
+    return ('<div class="oe-stats">' + tile("Reward",
+                                            none(None if reward is None else _fmt(reward))) +
+            tile("Done", "–" if done is None else "yes" if done else "no")
+            + tile("Step", none(step)) +
             tile("Episode", none(episode_id), "oe-id") + "</div>")
 
 # %% ../nbs/06_widget.ipynb #62804903
@@ -200,12 +223,13 @@ def tool_failure(obs: dict # an observation's fields
     err, res = obs.get("error"), obs.get("result")
     if isinstance(err, dict): return f"{err.get('error_type', 'error')}: {err.get('message', '')}"
     if err: return str(err)
-    if isinstance(res, dict) and (res.get("is_error") or res.get("isError")): return f"tool error: {_short(tool_value(res))}"
+    if isinstance(res, dict) and (res.get("is_error") or res.get("isError")):
+        return f"tool error: {_short(tool_value(res))}"
 
 # %% ../nbs/06_widget.ipynb #3d58e1d1
 def _said(obs: dict # an observation's fields
          ) -> str:
-    "An observation in one line: a tool call's value or failure; otherwise its fields, with images named, not spelled out."
+    "An observation in one line: a tool call's value or failure, else its fields (images named)."
     if "tool_name" in obs: return tool_failure(obs) or _short(tool_value(obs.get("result")))
     return _brief({k: "[image]" if is_image(v) else v for k, v in obs.items()})
 
@@ -231,7 +255,8 @@ def history_html(history: list[dict] # entries, newest first
                 ) -> str:
     "The history table."
     if not history: return '<p class="oe-muted">No steps yet.</p>'
-    return ('<table class="oe-history"><thead><tr><th>#</th><th>Action</th><th>Observation</th><th class="oe-num">Reward</th>'
+    return ('<table class="oe-history"><thead><tr><th>#</th><th>Action</th><th>Observation</th><th '
+            'class="oe-num">Reward</th>'
             f'<th>Done</th></tr></thead><tbody>{"".join(map(_row, history))}</tbody></table>')
 
 # %% ../nbs/06_widget.ipynb #8cdfd2ac
@@ -264,38 +289,48 @@ STYLE = """<style>
 # %% ../nbs/06_widget.ipynb #880e6047
 def _limits(spec: dict) -> str:
     "A field's limits in words, for its label."
-    words = [("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"), ("exclusiveMaximum", "< {}"),
-             ("minLength", "at least {} chars"), ("maxLength", "at most {} chars"), ("pattern", "matches {}")]
+    words = [("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"),
+             ("exclusiveMaximum", "< {}"),
+             ("minLength", "at least {} chars"), ("maxLength", "at most {} chars"),
+             ("pattern", "matches {}")]
     return ", ".join(w.format(_fmt(spec[k])) for k, w in words if k in spec)
 
 # %% ../nbs/06_widget.ipynb #7633c842
 def _type(spec: dict) -> str:
     "The type a field's label shows."
     k = spec["kind"]
-    return {"enum": "choice", "textarea": "string", "code": "string"}.get(k, f"JSON {spec.get('json_type') or ''}".strip() if k == "json" else k)
+    return {"enum": "choice", "textarea": "string",
+            "code": "string"}.get(k, f"JSON {spec.get('json_type') or ''}".strip() if k == "json"
+                                  else k)
 
 # %% ../nbs/06_widget.ipynb #2b135d69
 def field_widget(spec: dict # a field from `form_fields`
                 ) -> W.Widget:
     "The input widget for one field, holding its default."
     kind, d, full = spec["kind"], spec.get("default"), W.Layout(width="auto")
-    if kind == "boolean": return W.Checkbox(value=d is True, description=spec["label"], indent=False)
+    if kind == "boolean": return W.Checkbox(value=d is True, description=spec["label"],
+                                            indent=False)
     if kind == "enum":
         opts = [(str(o), o) for o in spec["options"]]
-        if d not in spec["options"] or spec["nullable"]: opts = [("—", "")] + opts  # "none", or "choose one"
+        # "none", or "choose one"
+        if d not in spec["options"] or spec["nullable"]: opts = [("—", "")] + opts
         return W.Dropdown(options=opts, value=d if d in spec["options"] else "", layout=full)
     text = "" if d is None else json.dumps(d) if kind == "json" else str(d)
     if kind == "string" or kind in ("integer", "number"): return W.Text(value=text, layout=full)
-    w = W.Textarea(value=text, layout=W.Layout(width="auto", height={"code": "150px", "json": "60px"}.get(kind, "90px")))
+    w = W.Textarea(value=text, layout=W.Layout(width="auto",
+                                               height={"code": "150px",
+                                                       "json": "60px"}.get(kind, "90px")))
     if kind != "textarea": w.add_class("oe-code")
     return w
 
 # %% ../nbs/06_widget.ipynb #b3d586b4
 def field_label(spec: dict) -> W.HTML:
     "The label over a field: its name, a mark when required, its type, description and limits."
-    req = '<span class="oe-req" title="required">*</span>' if spec["required"] and not spec["nullable"] else ""
+    req = ('<span class="oe-req" title="required">*</span>'
+           if spec["required"] and not spec["nullable"] else "")
     hint = " · ".join(x for x in (_e(spec["description"]), _e(_limits(spec))) if x)
-    return W.HTML(f'<div class="oe-label"><b>{_e(spec["label"])}</b>{req} <span class="oe-type">{_e(_type(spec))}</span></div>'
+    return W.HTML(f'<div class="oe-label"><b>{_e(spec["label"])}</b>{req} <span '
+                  f'class="oe-type">{_e(_type(spec))}</span></div>'
                   + (f'<div class="oe-hint">{hint}</div>' if hint else ""))
 
 # %% ../nbs/06_widget.ipynb #ab85ba65
@@ -306,10 +341,13 @@ class Form:
         self.specs = specs
         self.widgets = {s["name"]: field_widget(s) for s in specs}
         self.errors = {s["name"]: W.HTML("", layout=W.Layout(margin="0 0 6px 0")) for s in specs}
-        rows = [W.VBox(([] if s["kind"] == "boolean" else [field_label(s)]) + [self.widgets[s["name"]], self.errors[s["name"]]])
+        rows = [W.VBox(([] if s["kind"] == "boolean" else [field_label(s)])
+                       + [self.widgets[s["name"]], self.errors[s["name"]]])
                 for s in specs]
-        self.box = W.VBox(rows or [W.HTML('<span class="oe-muted">This action has no fields.</span>')])
-        for n, w in self.widgets.items(): w.observe(lambda ch, n=n: self.show({n: ""}), names="value")
+        self.box = W.VBox(rows or
+                          [W.HTML('<span class="oe-muted">This action has no fields.</span>')])
+        for n, w in self.widgets.items(): w.observe(lambda ch, n=n: self.show({n: ""}),
+                                                    names="value")
 
 # %% ../nbs/06_widget.ipynb #a0497b64
 @patch
@@ -317,7 +355,8 @@ def show(self: Form, errors: dict # messages by field name; `""` clears one
         ):
     "Show `errors` beside their fields."
     for n, msg in errors.items():
-        if n in self.errors: self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
+        if n in self.errors:
+            self.errors[n].value = f'<span class="oe-error">{_e(msg)}</span>' if msg else ""
 
 # %% ../nbs/06_widget.ipynb #1b2dcdab
 @patch
@@ -329,15 +368,18 @@ def read(self: Form) -> tuple[dict, dict]:
 
 # %% ../nbs/06_widget.ipynb #061d0b9c
 class EnvPanel:
-    "An environment in a notebook: the web page's form, buttons, observation, history and reward plot, as ipywidgets."
-    def __init__(self, env: Any, # a server URL, an `EnvClient` (e.g. `EchoEnv.from_local()`), its `.sync()` twin, or an `HTTPEnvClient`
+    "An environment in a notebook: the web page's form, buttons, observation, history and plot."
+    def __init__(self, env: Any, # a URL, `EnvClient`, its `.sync()` twin, or `HTTPEnvClient`
                  max_history: int = 50, # history rows kept, newest first
                 ):
         self.client, self.max_history = as_client(env), max_history
-        self.history, self.rewards, self.scores, self.steps, self.episode_id, self.last = [], [], [], None, None, None
-        self.tools = find_tools(self.client)  # asked before `action_schema` opens the panel's session
+        self.history, self.rewards, self.scores = [], [], []
+        self.steps, self.episode_id, self.last = None, None, None
+        # asked before `action_schema` opens the panel's session
+        self.tools = find_tools(self.client)
         schema = action_schema(self.client)
-        own = {} if self.tools and is_tool_action(schema) else {"": Form(form_fields(schema))}  # tools alone, or beside an action
+        # tools alone, or beside an action
+        own = {} if self.tools and is_tool_action(schema) else {"": Form(form_fields(schema))}
         self.forms = own | {name: Form(fields) for name, fields in tool_forms(self.tools)}
         self.reset_form = Form(form_fields(ResetRequest.model_json_schema()))
         self._build()
@@ -349,28 +391,39 @@ class EnvPanel:
 # %% ../nbs/06_widget.ipynb #013d071b
 @patch
 def _build(self: EnvPanel):
-    "Make the widgets: the left pane (tool, form, buttons, progress, messages) and the right (numbers, observation, plot, history)."
-    self.step_button = W.Button(description="Step", button_style="primary", tooltip="Send the action above")
+    "Make the widgets: the left pane (tool, form, buttons, messages), the right (numbers, results)."
+    self.step_button = W.Button(description="Step", button_style="primary",
+                                tooltip="Send the action above")
     self.reset_button = W.Button(description="Reset", tooltip="Start a new episode")
     self.state_button = W.Button(description="State", tooltip="Ask for the episode's state")
     self.step_button.on_click(lambda b: self.step())
     self.reset_button.on_click(lambda b: self.reset())
     self.state_button.on_click(lambda b: self.state())
-    self.tool_picker = W.Dropdown(options=[(n or "(the action)", n) for n in self.forms], layout=W.Layout(width="auto", display=None if self.tools else "none"))
+    self.tool_picker = W.Dropdown(options=[(n or "(the action)", n) for n in self.forms],
+                                  layout=W.Layout(width="auto", display=None if self.tools
+                                                  else "none"))
     self.tool_picker.observe(lambda ch: self.choose(ch["new"]), names="value")
-    self.about, self.form_box, self.message, self.state_view = W.HTML(""), W.VBox([]), W.HTML(""), W.HTML("")
+    self.about, self.form_box = W.HTML(""), W.VBox([])
+    self.message, self.state_view = W.HTML(""), W.HTML("")
     self.progress = W.IntProgress(0, description="Playing", layout=W.Layout(display="none"))
-    self.reset_options = W.Accordion([self.reset_form.box], titles=("Reset options",), selected_index=None)
-    self.stats, self.observation = W.HTML(stats_html(None, None, None, None)), W.HTML('<p class="oe-muted">No episode yet: press <b>Reset</b> to start one.</p>')
+    self.reset_options = W.Accordion([self.reset_form.box], titles=("Reset options",),
+                                     selected_index=None)
+    self.stats = W.HTML(stats_html(None, None, None, None))
+    self.observation = W.HTML('<p class="oe-muted">No episode yet: '
+                              'press <b>Reset</b> to start one.</p>')
     self.raw = W.Textarea("", disabled=True, layout=W.Layout(width="auto", height="160px"))
     self.raw.add_class("oe-code")
-    self.raw_box = W.Accordion([self.raw], titles=("Raw JSON of the last reply",), selected_index=None)
+    self.raw_box = W.Accordion([self.raw], titles=("Raw JSON of the last reply",),
+                               selected_index=None)
     self.plot, self.table = W.HTML(reward_svg([])), W.HTML(history_html([]))
     h = lambda t: W.HTML(f"<h4>{t}</h4>")
-    left = W.VBox([h("Tool" if self.tools else "Action"), self.tool_picker, self.about, self.form_box, self.reset_options,
-                   W.HBox([self.step_button, self.reset_button, self.state_button]), self.progress, self.message, self.state_view],
+    left = W.VBox([h("Tool" if self.tools else "Action"), self.tool_picker, self.about,
+                   self.form_box, self.reset_options,
+                   W.HBox([self.step_button, self.reset_button, self.state_button]), self.progress,
+                   self.message, self.state_view],
                   layout=W.Layout(width="40%", padding="0 16px 0 0"))
-    right = W.VBox([h("Observation"), self.stats, self.observation, self.raw_box, h("Reward per step"), self.plot,
+    right = W.VBox([h("Observation"), self.stats, self.observation, self.raw_box,
+                    h("Reward per step"), self.plot,
                     h("History"), self.table], layout=W.Layout(width="60%"))
     self.ui = W.VBox([W.HTML(STYLE), W.HBox([left, right])])
     self.ui.add_class("oe-panel")
@@ -382,7 +435,8 @@ def choose(self: EnvPanel, name: str # a tool's name, or `""` for the environmen
     "Show the form for tool `name` (or for the action): what `step` and the Step button send next."
     if name not in self.forms: raise KeyError(f"No tool {name!r}: the panel has {list(self.forms)}")
     self.tool, self.form = name, self.forms[name]
-    self.fields, self.errors, self.form_box.children = self.form.widgets, self.form.errors, (self.form.box,)
+    self.fields, self.errors = self.form.widgets, self.form.errors
+    self.form_box.children = (self.form.box,)
     about = next((t["description"] for t in self.tools if t["name"] == name), "")
     self.about.value = f'<div class="oe-hint">{_e(about)}</div>' if about else ""
     self.tool_picker.value, self.step_button.description = name, "Call" if name else "Step"
@@ -399,7 +453,8 @@ def _say(self: EnvPanel, text: str # the message; `""` hides the line
 def _fail(self: EnvPanel, e: Exception # what a client call raised
          ):
     "Show `e`: beside the fields it names, or in the message line."
-    errors = e.errors() if isinstance(e, ValidationError) else (e.data.get("errors") if isinstance(e, EnvServerError) else None)
+    errors = (e.errors() if isinstance(e, ValidationError)
+              else (e.data.get("errors") if isinstance(e, EnvServerError) else None))
     if errors and isinstance(errors, list):
         placed, rest = by_field(errors, set(self.fields) | set(self.reset_form.widgets))
         self.form.show(placed); self.reset_form.show(placed)
@@ -412,7 +467,7 @@ def _fail(self: EnvPanel, e: Exception # what a client call raised
 @contextmanager
 def _busy(self: EnvPanel, what: str # what runs, e.g. `"Resetting"`
          ):
-    "While the block runs, the buttons are disabled and `what` is shown, so a long call shows that it is under way."
+    "While the block runs, disable the buttons and show `what`: a long call shows it is under way."
     buttons = (self.step_button, self.reset_button, self.state_button)
     for b in buttons: b.disabled = True
     self.message.value = f'<div class="oe-busy">{_e(what)}…</div>'
@@ -426,7 +481,9 @@ def _parts(result: StepResult # what a client's `reset` or `step` returned
     "The observation's own fields, and its metadata, from a client's result."
     obs = result.observation
     if isinstance(obs, BaseModel):
-        return obs.model_dump(mode="json", exclude={"reward", "done", "metadata"}), getattr(obs, "metadata", None) or None
+        return obs.model_dump(mode="json",
+                              exclude={"reward", "done",
+                                       "metadata"}), getattr(obs, "metadata", None) or None
     obs = dict(obs or {})
     return obs, obs.pop("metadata", None) or None
 
@@ -436,11 +493,14 @@ def _redraw(self: EnvPanel, result: StepResult, # the latest reply
             obs: dict, meta: dict | None # its observation's fields and metadata, from `_parts`
            ):
     "Show the latest reply: the numbers, the observation, its raw JSON, the plot and the history."
-    self.last = {"type": "observation", "data": {"observation": obs, "reward": result.reward, "done": result.done} | ({"metadata": meta} if meta else {})}
+    self.last = {"type": "observation",
+                 "data": {"observation": obs, "reward": result.reward, "done": result.done}
+                         | ({"metadata": meta} if meta else {})}
     self.raw.value = json.dumps(self.last, indent=2)
     self.stats.value = stats_html(result.reward, result.done, self.steps, self.episode_id)
     self.observation.value = observation_html(obs, meta)
-    self.plot.value, self.table.value = reward_svg(self.rewards[-500:], self.scores[-500:]), history_html(self.history)
+    self.plot.value, self.table.value = reward_svg(self.rewards[-500:],
+                                                   self.scores[-500:]), history_html(self.history)
     self._say(f"{obs['tool_name']}: {failed}" if (failed := tool_failure(obs)) else "")
 
 # %% ../nbs/06_widget.ipynb #7d07800f
@@ -457,7 +517,8 @@ def _record(self: EnvPanel,
         self.steps = (self.steps or 0) + 1
         self.rewards.append((self.steps, result.reward))
         if parts := reward_parts(meta): self.scores.append((self.steps, parts))
-    self.history.insert(0, {"kind": kind, "step": self.steps, "action": action, "observation": obs, "reward": result.reward,
+    self.history.insert(0, {"kind": kind, "step": self.steps, "action": action, "observation": obs,
+                            "reward": result.reward,
                             "done": result.done, "metadata": meta})
     del self.history[self.max_history:]
     self._redraw(result, obs, meta)
@@ -466,7 +527,7 @@ def _record(self: EnvPanel,
 @patch
 def reset(self: EnvPanel, **kwargs # reset options, e.g. `seed`, `episode_id`; none reads the form
          ) -> StepResult | None:
-    "Start a new episode with `kwargs`, or with the reset options from the form; what the client returned."
+    "Start an episode with `kwargs`, or the form's reset options; what the client returned."
     if not kwargs:
         kwargs, errors = self.reset_form.read()
         if errors: self.reset_options.selected_index = 0; return None
@@ -474,23 +535,26 @@ def reset(self: EnvPanel, **kwargs # reset options, e.g. `seed`, `episode_id`; n
         try:
             result = self.client.reset(**kwargs)
             self.episode_id = kwargs.get("episode_id")
-            if not isinstance(self.client, HTTPEnvClient):  # the HTTP routes are stateless: no episode to ask about
+            # the HTTP routes are stateless: no episode to ask about
+            if not isinstance(self.client, HTTPEnvClient):
                 with_state = self.client.state()
-                self.episode_id = with_state.get("episode_id") if isinstance(with_state, dict) else with_state.episode_id
+                self.episode_id = (with_state.get("episode_id") if isinstance(with_state, dict)
+                                   else with_state.episode_id)
         except Exception as e: return self._fail(e)
     self._record("reset", kwargs, result)
     return result
 
 # %% ../nbs/06_widget.ipynb #ee05cad9
 @patch
-def step(self: EnvPanel, action: Any = None # an action or a dict of fields; `None` reads the form on screen
+def step(self: EnvPanel, action: Any = None # an action or dict of fields; `None`: the form's
         ) -> StepResult | None:
-    "Step with `action` (or the form's: a tool's form sends a `call_tool` step), and show the result; what the client returned."
+    "Step with `action` (or the form's), and show the result; what the client returned."
     if action is None:
         action, errors = self.form.read()
         if errors: return None  # shown beside the fields; nothing is sent
         if self.tool: action = {"type": "call_tool", "tool_name": self.tool, "arguments": action}
-    sent = action if isinstance(action, dict) else action.model_dump(mode="json", exclude={"metadata"})
+    sent = (action if isinstance(action, dict)
+            else action.model_dump(mode="json", exclude={"metadata"}))
     with self._busy(f"Sending {_did(sent)}"):
         try: result = self.client.step(action)
         except Exception as e: return self._fail(e)
@@ -511,11 +575,12 @@ def state(self: EnvPanel):
 
 # %% ../nbs/06_widget.ipynb #4b9a2d97
 @patch
-def play(self: EnvPanel, actions: Iterable # actions or dicts of fields (a tool call: `{"type": "call_tool", ...}`), in order
+def play(self: EnvPanel, actions: Iterable # actions or dicts of fields, in order
         ) -> int:
-    "Step with each of `actions` in turn, counting on a progress bar, until one fails or the episode is done; the steps taken."
+    "Step with each of `actions`, on a progress bar, until one fails or the episode ends."
     actions = list(actions)
-    self.progress.max, self.progress.value, self.progress.layout.display = max(len(actions), 1), 0, None
+    self.progress.max, self.progress.value = max(len(actions), 1), 0
+    self.progress.layout.display = None
     try:
         for a in actions:
             if (r := self.step(a)) is None: break
@@ -535,5 +600,5 @@ def close(self: EnvPanel):
 @patch
 def call(self: EnvPanel, tool_name: str, # the tool
          **arguments) -> StepResult | None: # its arguments, by name
-    "Call tool `tool_name` with `arguments` as a `call_tool` step, and show the result; what the client returned."
+    "Call tool `tool_name` with `arguments` as a `call_tool` step and show it; the client's result."
     return self.step({"type": "call_tool", "tool_name": tool_name, "arguments": arguments})

@@ -1,4 +1,4 @@
-"""Chess for one agent, against a built-in opponent: moves in UCI or SAN, the board as FEN, legal moves and an SVG picture.
+"""Chess for one agent, against a built-in opponent: moves in UCI or SAN, the board as FEN and SVG.
 
 Docs: https://openenv-nb.github.io/openenv-nb/envs/chess.html.md"""
 
@@ -37,20 +37,27 @@ class ChessAction(Action):
 class ChessObservation(Observation):
     "The position after the opponent's reply, as text for a program and as a picture for a person."
     fen: str = Field(default="", description="The position, in FEN")
-    legal_moves: list[str] = Field(default_factory=list, description="The agent's legal moves, in UCI; empty once the game is over")
+    legal_moves: list[str] = Field(default_factory=list,
+                                   description="The agent's legal moves, in UCI; empty once the "
+                                               "game is over")
     is_check: bool = Field(default=False, description="Whether the side to move is in check")
-    result: str | None = Field(default=None, description="`1-0`, `0-1` or `1/2-1/2` once the game is over")
-    legal_moves_san: list[str] = Field(default_factory=list, description="`legal_moves` in SAN, in the same order")
+    result: str | None = Field(default=None,
+                               description="`1-0`, `0-1` or `1/2-1/2` once the game is over")
+    legal_moves_san: list[str] = Field(default_factory=list,
+                                       description="`legal_moves` in SAN, in the same order")
     opponent_move: str | None = Field(default=None, description="The opponent's last move, in UCI")
-    error: str | None = Field(default=None, description="Why the agent's move was refused; `None` when it was played")
-    frame: str | None = Field(default=None, description="The board as an SVG `data:` URL, from the agent's side, for a page or a notebook")
+    error: str | None = Field(default=None, description="Why the agent's move was refused; `None` "
+                                                        "when it was played")
+    frame: str | None = Field(default=None, description="The board as an SVG `data:` URL, from the "
+                                                        "agent's side, for a page or a notebook")
 
 # %% ../../nbs/envs/chess.ipynb #61cc5b5c
 class ChessState(State):
     "A game's bookkeeping: the position, whose move it is, the moves so far, and who plays whom."
     fen: str = Field(default=chess.STARTING_FEN, description="The position, in FEN")
     current_player: str = Field(default="white", description="The side to move, `white` or `black`")
-    move_history: list[str] = Field(default_factory=list, description="The moves of both sides since `reset`, in UCI")
+    move_history: list[str] = Field(default_factory=list,
+                                    description="The moves of both sides since `reset`, in UCI")
     agent_color: str = Field(default="white", description="The agent's side in this game")
     opponent: str = Field(default="random", description="The opponent, a key of `OPPONENTS`")
 
@@ -63,11 +70,12 @@ def parse_move(board: chess.Board, # the position
         try: move = parse(text.strip())
         except ValueError: continue
         if move: return move  # a null move ("0000", "--") parses, but is no move
-    raise ValueError(f"{text!r} is not a legal move in this position: give one of legal_moves (UCI, e.g. e2e4) or legal_moves_san (SAN, e.g. e4)")
+    raise ValueError(f"{text!r} is not a legal move in this position: give one of legal_moves "
+                     "(UCI, e.g. e2e4) or legal_moves_san (SAN, e.g. e4)")
 
 # %% ../../nbs/envs/chess.ipynb #ab7d6602
 def game_result(board: chess.Board) -> str | None:
-    "`1-0`, `0-1` or `1/2-1/2` once the game is over, else `None`; fifty moves and threefold repetition end it too."
+    "`1-0`, `0-1` or `1/2-1/2` once the game is over (fifty moves, threefold repetition too), else `None`."
     if (outcome := board.outcome()) is not None: return outcome.result()
     return "1/2-1/2" if board.is_fifty_moves() or board.is_repetition(3) else None
 
@@ -77,7 +85,8 @@ def random_move(board: chess.Board, rng: random.Random, depth: int = 0) -> chess
     return rng.choice(list(board.legal_moves))
 
 # %% ../../nbs/envs/chess.ipynb #3e71c948
-VALUES = {chess.PAWN: 100, chess.KNIGHT: 320, chess.BISHOP: 330, chess.ROOK: 500, chess.QUEEN: 900}  # centipawns
+# centipawns
+VALUES = {chess.PAWN: 100, chess.KNIGHT: 320, chess.BISHOP: 330, chess.ROOK: 500, chess.QUEEN: 900}
 
 def material(board: chess.Board) -> int:
     "White's material minus Black's, in centipawns."
@@ -91,9 +100,10 @@ def negamax(board: chess.Board, # the position, searched in place (restored on r
             depth: int, # half-moves to look ahead
             alpha: int = -10**9, beta: int = 10**9 # the window: scores outside it are only bounds
            ) -> int:
-    "The value of `board` for the side to move, `depth` half-moves deep: material, or `MATE` (sooner is bigger)."
+    "The value of `board` for the side to move, `depth` half-moves deep: material, or `MATE`."
     if depth == 0: return material(board) if board.turn == chess.WHITE else -material(board)
-    moves = sorted(board.legal_moves, key=board.is_capture, reverse=True)  # captures first: more cut-offs
+    # captures first: more cut-offs
+    moves = sorted(board.legal_moves, key=board.is_capture, reverse=True)
     if not moves: return -MATE - depth if board.is_check() else 0
     for m in moves:
         board.push(m)
@@ -112,7 +122,8 @@ def search_move(board: chess.Board, # the position (restored on return)
     best, found = -10**9, []
     for m in sorted(board.legal_moves, key=board.is_capture, reverse=True):
         board.push(m)
-        score = -negamax(board, depth - 1, -10**9, -(best - 1))  # a window just below the best: ties come out exact
+        # a window just below the best: ties come out exact
+        score = -negamax(board, depth - 1, -10**9, -(best - 1))
         board.pop()
         if score > best: best, found = score, [m]
         elif score == best: found.append(m)
@@ -124,7 +135,8 @@ OPPONENTS: dict[str, Callable | None] = {"random": random_move, "search": search
 def pick_opponent(name: str # a key of `OPPONENTS`
                  ) -> Callable | None:
     "The opponent called `name`; an unknown name is an error that lists the known ones."
-    if name not in OPPONENTS: raise ValueError(f"Unknown opponent {name!r}: choose one of {', '.join(OPPONENTS)}")
+    if name not in OPPONENTS: raise ValueError(f"Unknown opponent {name!r}: choose one of "
+                                               f"{', '.join(OPPONENTS)}")
     return OPPONENTS[name]
 
 # %% ../../nbs/envs/chess.ipynb #c56ad6e9
@@ -138,7 +150,8 @@ def board_svg(board: chess.Board, # the position
               size: int = 360 # width and height, in pixels
              ) -> str:
     "`board` drawn as an SVG `data:` URL, its last move and a king in check marked."
-    svg = chess.svg.board(board, orientation=orientation, size=size, lastmove=board.peek() if board.move_stack else None,
+    svg = chess.svg.board(board, orientation=orientation, size=size, lastmove=board.peek()
+                          if board.move_stack else None,
                           check=board.king(board.turn) if board.is_check() else None)
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
 
@@ -152,10 +165,11 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
                  depth: int | None = None, # the `search` opponent's depth, in half-moves
                  agent_color: str | None = None, # `white`, `black`, or `random` (drawn at each reset)
                  max_moves: int | None = None, # half-moves after which the game is a draw
-                 illegal_reward: float | None = None, # the reward for a move that is not legal (it is not played)
+                 illegal_reward: float | None = None, # the reward for an illegal move (not played)
                  svg: bool | None = None): # put the board as an SVG in every observation's `frame`
         super().__init__()
-        given = dict(opponent=opponent, depth=depth, agent_color=agent_color, max_moves=max_moves, illegal_reward=illegal_reward, svg=svg)
+        given = dict(opponent=opponent, depth=depth, agent_color=agent_color, max_moves=max_moves,
+                     illegal_reward=illegal_reward, svg=svg)
         for k, v in given.items():
             if v is not None: setattr(self, k, v)
         self.rng, self.board, self.color, self.opponent_move, self.started = random.Random(), chess.Board(), chess.WHITE, None, False
@@ -172,16 +186,19 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
         if seed is not None: self.rng = random.Random(seed)
         self.board, self.opponent_move, self.started = start_board(fen), None, True
         self.color = self.rng.random() < 0.5 if self.agent_color == "random" else self.agent_color == "white"
-        self._state = ChessState(episode_id=episode_id or str(uuid4()), fen=self.board.fen(), current_player=side(self.board.turn),
+        self._state = ChessState(episode_id=episode_id or str(uuid4()), fen=self.board.fen(),
+                                 current_player=side(self.board.turn),
                                  agent_color=side(self.color), opponent=self.opponent)
         if self._result() is None and self.board.turn != self.color: self._reply()
         return self._observe(self._reward())
 
-    def step(self, action: ChessAction, timeout_s: float | None = None, **kwargs) -> ChessObservation:
-        "Play the agent's move, then the opponent's reply; a move that is not legal is refused with `illegal_reward`."
+    def step(self, action: ChessAction, timeout_s: float | None = None,
+             **kwargs) -> ChessObservation:
+        "Play the agent's move, then the opponent's reply; an illegal move earns `illegal_reward`."
         if not self.started: self.reset()  # a step before any reset plays a new game, as in OpenEnv
         self._state.step_count += 1
-        if self._result() is not None: return self._observe(0.0, "The game is over: reset to play again")
+        if self._result() is not None: return self._observe(0.0,
+                                                            "The game is over: reset to play again")
         try: move = parse_move(self.board, action.move)
         except ValueError as e: return self._observe(self.illegal_reward, str(e))
         self._push(move)
@@ -201,7 +218,8 @@ def start_board(fen: str | None = None # a position in FEN; default the standard
                ) -> chess.Board:
     "The board to start a game from; a FEN that is unreadable, or names an impossible position, is an error."
     board = chess.Board(fen) if fen else chess.Board()
-    if not board.is_valid(): raise ValueError(f"FEN {fen!r} is not a legal position ({board.status()!r})")
+    if not board.is_valid(): raise ValueError(f"FEN {fen!r} is not a legal position "
+                                              f"({board.status()!r})")
     return board
 
 # %% ../../nbs/envs/chess.ipynb #f9d5e2f0
@@ -212,7 +230,8 @@ def _choose(self: ChessEnvironment, opponent: str | None, agent_color: str | Non
     "Set the opponent and the agent's colour, keeping those not given; an unknown one is an error."
     self.policy = pick_opponent(opponent or self.opponent)
     color = agent_color or self.agent_color
-    if color not in COLORS: raise ValueError(f"agent_color must be one of {', '.join(COLORS)}; got {color!r}")
+    if color not in COLORS: raise ValueError(f"agent_color must be one of {', '.join(COLORS)}; got "
+                                             f"{color!r}")
     self.opponent, self.agent_color = opponent or self.opponent, color
 
 # %% ../../nbs/envs/chess.ipynb #1a0920d6
@@ -237,7 +256,8 @@ def _reply(self: ChessEnvironment):
 @patch
 def _result(self: ChessEnvironment) -> str | None:
     "The game's result once it is over, by the rules or by `max_moves`; else `None`."
-    return game_result(self.board) or ("1/2-1/2" if len(self._state.move_history) >= self.max_moves else None)
+    return game_result(self.board) or ("1/2-1/2" if len(self._state.move_history) >= self.max_moves
+                                       else None)
 
 # %% ../../nbs/envs/chess.ipynb #a773b40f
 @patch
@@ -256,30 +276,39 @@ def _observe(self: ChessEnvironment, reward: float, # the reward for the agent's
     b, result = self.board, self._result()
     legal = [] if result else list(b.legal_moves)
     return self._apply_transform(ChessObservation(
-        fen=b.fen(), legal_moves=[m.uci() for m in legal], is_check=b.is_check(), result=result, legal_moves_san=[b.san(m) for m in legal],
-        opponent_move=self.opponent_move, error=error, frame=board_svg(b, self.color) if self.svg else None, done=result is not None,
-        reward=reward, metadata={"fullmove_number": b.fullmove_number, "halfmove_clock": b.halfmove_clock, "material": material(b)}))
+        fen=b.fen(), legal_moves=[m.uci() for m in legal], is_check=b.is_check(), result=result,
+        legal_moves_san=[b.san(m) for m in legal],
+        opponent_move=self.opponent_move, error=error, frame=board_svg(b, self.color) if self.svg
+        else None, done=result is not None,
+        reward=reward, metadata={"fullmove_number": b.fullmove_number,
+                                 "halfmove_clock": b.halfmove_clock, "material": material(b)}))
 
 # %% ../../nbs/envs/chess.ipynb #edca640e
 @patch
 def get_metadata(self: ChessEnvironment) -> EnvironmentMetadata:
     "What `/metadata` reports: the opponent, and python-chess's version."
-    return EnvironmentMetadata(name="chess", version=version("chess"), documentation_url="https://python-chess.readthedocs.io",
-                               description=f"Chess against the {self.opponent!r} opponent; moves in UCI or SAN")
+    return EnvironmentMetadata(name="chess", version=version("chess"),
+                               documentation_url="https://python-chess.readthedocs.io",
+                               description=f"Chess against the {self.opponent!r} opponent; moves "
+                                           "in UCI or SAN")
 
 # %% ../../nbs/envs/chess.ipynb #9616c14f
 def chess_declarations(illegal_reward: float = -0.1 # the reward for a move that is not legal
                       ) -> dict:
     "`reward_range` and `max_return` of a game: +1 won, -1 lost, 0 drawn or going on, `illegal_reward` for a refused move."
-    best = 1.0 if illegal_reward <= 0 else None  # a refused move that pays could be repeated without end
-    return {"reward_range": (min(-1.0, illegal_reward), max(1.0, illegal_reward)), "max_return": best}
+    # a refused move that pays could be repeated without end
+    best = 1.0 if illegal_reward <= 0 else None
+    return {"reward_range": (min(-1.0, illegal_reward), max(1.0, illegal_reward)),
+            "max_return": best}
 
 # %% ../../nbs/envs/chess.ipynb #5f89f199
 @functools.cache
 def _chess_class(options: str) -> type[ChessEnvironment]:
     "The subclass for one set of options (as JSON), made once."
     opts = json.loads(options)
-    return type("ChessEnvironment", (ChessEnvironment,), dict(opts, **chess_declarations(opts["illegal_reward"]), __module__=__name__, __doc__=ChessEnvironment.__doc__))
+    return type("ChessEnvironment", (ChessEnvironment,),
+                dict(opts, **chess_declarations(opts["illegal_reward"]), __module__=__name__,
+                     __doc__=ChessEnvironment.__doc__))
 
 # %% ../../nbs/envs/chess.ipynb #5ae4dd65
 def chess_env(opponent: str = "random", # a key of `OPPONENTS` (a `reset` may change it)
@@ -291,8 +320,10 @@ def chess_env(opponent: str = "random", # a key of `OPPONENTS` (a `reset` may ch
              ) -> type[ChessEnvironment]:
     "The `Environment` class serving chess with these options: give it to `create_app`."
     pick_opponent(opponent)
-    if agent_color not in COLORS: raise ValueError(f"agent_color must be one of {', '.join(COLORS)}; got {agent_color!r}")
-    options = dict(opponent=opponent, depth=depth, agent_color=agent_color, max_moves=max_moves, illegal_reward=illegal_reward, svg=svg)
+    if agent_color not in COLORS: raise ValueError("agent_color must be one of "
+                                                   f"{', '.join(COLORS)}; got {agent_color!r}")
+    options = dict(opponent=opponent, depth=depth, agent_color=agent_color, max_moves=max_moves,
+                   illegal_reward=illegal_reward, svg=svg)
     return _chess_class(json.dumps(options, sort_keys=True))
 
 # %% ../../nbs/envs/chess.ipynb #3c214422

@@ -1,4 +1,4 @@
-"""The coding environment: each action is Python source, run in the episode's sandboxed worker; the observation is its stdout, stderr and exit code.
+"""The coding environment: Python run in a sandboxed worker; it observes stdout, stderr, exit code.
 
 Docs: https://openenv-nb.github.io/openenv-nb/envs/coding.html.md"""
 
@@ -28,14 +28,19 @@ from ..types import Action, EnvironmentMetadata, Observation, State
 # %% ../../nbs/envs/coding.ipynb #f6aea9f2
 class CodeAction(Action):
     "Python source to run in the episode's sandbox."
-    code: str = Field(description="Python source; variables, functions and imports persist across the episode's steps")
+    code: str = Field(description="Python source; variables, functions and imports persist across "
+                                  "the episode's steps")
 
 # %% ../../nbs/envs/coding.ipynb #92bb2815
 class CodeObservation(Observation):
     "What running the code produced."
-    stdout: str = Field(default="", description="What the code printed, then the value of its last statement when not None")
-    stderr: str = Field(default="", description="A traceback when the code failed, or the limit it hit")
-    exit_code: int = Field(default=0, description="0 on success, 1 on an error, 124 past the wall-clock limit, 128+N when the worker died of signal N")
+    stdout: str = Field(default="", description="What the code printed, then the value of its last "
+                                                "statement when not None")
+    stderr: str = Field(default="", description="A traceback when the code failed, or the limit it "
+                                                "hit")
+    exit_code: int = Field(default=0, description="0 on success, 1 on an error, 124 past the "
+                                                  "wall-clock limit, 128+N when the worker died of "
+                                                  "signal N")
 
 # %% ../../nbs/envs/coding.ipynb #e0903d3b
 class CodeState(State):
@@ -57,8 +62,10 @@ def _parse(code: str):
     except (SyntaxError, ValueError, RecursionError, MemoryError): return None
 
 # %% ../../nbs/envs/coding.ipynb #f6229d2e
-_PATTERNS = [(re.compile(p), v) for p, v in [(r"\bimport\s+os\b", "import os"), (r"\bimport\s+subprocess\b", "import subprocess"),
-             (r"\beval\s*\(", "eval"), (r"\bexec\s*\(", "exec"), (r"\b__import__\s*\(", "__import__"), (r"\bopen\s*\(", "open"),
+_PATTERNS = [(re.compile(p), v) for p, v in [(r"\bimport\s+os\b", "import os"),
+                                             (r"\bimport\s+subprocess\b", "import subprocess"),
+             (r"\beval\s*\(", "eval"), (r"\bexec\s*\(", "exec"),
+             (r"\b__import__\s*\(", "__import__"), (r"\bopen\s*\(", "open"),
              (r"\.open\s*\(", "open")]]
 _MODULES, _CALLS = {"os", "subprocess"}, {"eval", "exec", "open", "__import__"}
 
@@ -70,7 +77,8 @@ def safety_violation(code: str) -> str | None:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] in _MODULES: return f"import {a.name.split('.')[0]}"
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in _MODULES:
+        if (isinstance(node, ast.ImportFrom) and node.module
+            and node.module.split(".")[0] in _MODULES):
             return f"import {node.module.split('.')[0]}"
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id in _CALLS: return node.func.id
@@ -82,7 +90,8 @@ class CodeSafetyTransform(Transform):
     "Reward `penalty` for code with a dangerous pattern (`safety_violation`), else 0.0."
     def __init__(self, penalty: float = -1.0): self.penalty = penalty
     def __call__(self, observation):
-        if not isinstance(observation, CodeObservation) or "last_code" not in observation.metadata: return observation
+        if not isinstance(observation, CodeObservation) or "last_code" not in observation.metadata:
+            return observation
         violation = safety_violation(observation.metadata["last_code"])
         if violation is not None:
             observation.reward = self.penalty
@@ -92,9 +101,11 @@ class CodeSafetyTransform(Transform):
 
 # %% ../../nbs/envs/coding.ipynb #ed0f2026
 class CodeQualityTransform(Transform):
-    "Add `concise_bonus` for code of at most `max_length_threshold` characters, `syntax_penalty` for code that does not parse."
-    def __init__(self, concise_bonus: float = 0.1, max_length_threshold: int = 100, syntax_penalty: float = -0.2):
-        store_attr("concise_bonus,max_length_threshold,syntax_penalty")  # named: `Generic` gives `__slots__ = ()`
+    "`concise_bonus` for code under `max_length_threshold` chars; `syntax_penalty` if unparsable."
+    def __init__(self, concise_bonus: float = 0.1, max_length_threshold: int = 100,
+                 syntax_penalty: float = -0.2):
+        # named: `Generic` gives `__slots__ = ()`
+        store_attr("concise_bonus,max_length_threshold,syntax_penalty")
     def __call__(self, observation):
         if not isinstance(observation, CodeObservation): return observation
         score = 0.0
@@ -114,16 +125,21 @@ def create_safe_coding_transform() -> CompositeTransform:
 class CodeTask(BaseModel):
     "What a step must do: tests to pass, output to print."
     model_config = ConfigDict(extra="forbid")
-    tests: list[str] = Field(default_factory=list, description="Python source, each passing when it runs without raising, e.g. `assert add(2, 3) == 5`")
-    expected_stdout: str | None = Field(default=None, description="What the code must print, compared with `stdout` (both stripped)")
+    tests: list[str] = Field(default_factory=list,
+                             description="Python source, each passing when it runs without "
+                                         "raising, e.g. `assert add(2, 3) == 5`")
+    expected_stdout: str | None = Field(default=None,
+                                        description="What the code must print, compared with "
+                                                    "`stdout` (both stripped)")
 
 # %% ../../nbs/envs/coding.ipynb #5c6e0a1f
-TASK_KEYS = ("tests", "expected_stdout")  # what a task gives, in `reset`'s arguments or an action's `metadata`
+# what a task gives, in `reset`'s arguments or an action's `metadata`
+TASK_KEYS = ("tests", "expected_stdout")
 
 def step_task(metadata: dict, # the action's metadata
               episode: CodeTask | None = None # the episode's task, from `reset`
              ) -> CodeTask | None:
-    "The task of one step: the episode's, with what the action's `metadata` gives instead; `None` when neither gives anything."
+    "A step's task: the episode's, overridden by the action's `metadata`; `None` if none."
     given = {k: metadata[k] for k in TASK_KEYS if k in metadata}
     task = CodeTask(**{**(episode.model_dump() if episode else {}), **given})
     return task if task.tests or task.expected_stdout is not None else None
@@ -137,7 +153,7 @@ class NoException(Rubric):
 
 # %% ../../nbs/envs/coding.ipynb #82ee874a
 class TestsPassed(Rubric):
-    "The fraction of the task's tests that passed, as `metadata[\"tests\"]` counts them; 1 or 0 with `all_or_nothing`."
+    "The fraction of tests passed, as `metadata[\"tests\"]` counts; 1 or 0 with `all_or_nothing`."
     _state = ("all_or_nothing",)
     def __init__(self, all_or_nothing: bool = False): # 1 only when every test passed, else 0
         super().__init__()
@@ -166,57 +182,64 @@ class OutputMatches(Rubric):
 def coding_rubric(task: CodeTask, # the step's task
                   all_or_nothing: bool = False # `tests_passed` is 1 only when every test passed
                  ) -> WeightedSum:
-    "The rubric of a step of `task`: the mean of `no_exception`, and of `tests_passed` and `output_matches` when the task gives them."
+    "A step's rubric: mean of `no_exception`, and `tests_passed`, `output_matches` if `task` asks."
     parts = [NoException()] + [TestsPassed(all_or_nothing)] * bool(task.tests)
     parts += [OutputMatches(task.expected_stdout)] * (task.expected_stdout is not None)
     return WeightedSum(parts, [1 / len(parts)] * len(parts))
 
 # %% ../../nbs/envs/coding.ipynb #cd77637f
-def _ready(ready: int | None = None # workers to keep ready; `None` reads `OPENENV_SANDBOX_READY` (default 2)
+def _ready(ready: int | None = None # workers kept ready; default `OPENENV_SANDBOX_READY` or 2
           ) -> int:
     "How many workers a coding environment keeps started ahead of time."
     return int(os.environ.get("OPENENV_SANDBOX_READY", 2)) if ready is None else ready
 
 # %% ../../nbs/envs/coding.ipynb #6168e205
 class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
-    "Runs Python in a sandboxed worker process; variables, functions and imports persist across an episode's steps."
+    "Runs Python in a sandboxed worker; variables, functions and imports persist in an episode."
     SUPPORTS_CONCURRENT_SESSIONS = True
     reward_range = (-1.2, 1.1)  # OpenEnv's reward, [-1.2, 0.1], plus a task's score, [0, 1]
     max_return = None  # an episode has no end, so no best total
 
-    def __init__(self, config: SandboxConfig | None = None, # limits and layers; default `SandboxConfig.from_env(**limits)`
-                 transform: Transform | None = None, # reward transform; default OpenEnv's (`create_safe_coding_transform`)
-                 ready: int | None = None, # workers kept started for fast resets; default `OPENENV_SANDBOX_READY` or 2
-                 all_or_nothing: bool = False, # a task's `tests_passed` is 1 only when every test passes, else 0
+    def __init__(self, config: SandboxConfig | None = None, # default `SandboxConfig.from_env(**limits)`
+                 transform: Transform | None = None, # default `create_safe_coding_transform()`
+                 ready: int | None = None, # workers kept started for fast resets; default 2
+                 all_or_nothing: bool = False, # `tests_passed` is 1 when every test passes, else 0
                  **limits # fields of `SandboxConfig`, e.g. `timeout_s=5`
                 ):
         super().__init__(transform if transform is not None else create_safe_coding_transform())
         self.sandbox = Sandbox(config or SandboxConfig.from_env(**limits), ready=_ready(ready))
         self.sandbox.zygote  # the fork server starts with the first session, not its first step
-        self._state, self.task, self.all_or_nothing = CodeState(episode_id=str(uuid4()), step_count=0), None, all_or_nothing
+        self._state = CodeState(episode_id=str(uuid4()), step_count=0)
+        self.task, self.all_or_nothing = None, all_or_nothing
 
     def reset(self, seed: int | None = None, # seeds `random` in the worker
               episode_id: str | None = None,
-              tests: list[str] | None = None, # the episode's task: tests its steps must pass (see `CodeTask`)
+              tests: list[str] | None = None, # the episode's task: tests steps must pass
               expected_stdout: str | None = None, # ... and what they must print
               **kwargs) -> CodeObservation:
-        "Start a new episode in a fresh worker, with a task when one is given: nothing of the previous one survives."
-        self.task, self.rubric = step_task({k: v for k, v in dict(tests=tests, expected_stdout=expected_stdout).items() if v is not None}), None
-        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0, last_exit_code=0)
+        "Start an episode in a fresh worker, with the task if given: nothing of the last survives."
+        task = {k: v for k, v in dict(tests=tests, expected_stdout=expected_stdout).items()
+                if v is not None}
+        self.task, self.rubric = step_task(task), None
+        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0,
+                                last_exit_code=0)
         layers = self.sandbox.start(seed=seed)
-        return self._apply_transform(CodeObservation(metadata=self._flag({"status": "ready", "sandbox": layers.to_json()})))
+        return self._apply_transform(CodeObservation(
+            metadata=self._flag({"status": "ready", "sandbox": layers.to_json()})))
 
     def step(self, action: CodeAction, # the code to run
-             timeout_s: float | None = None, # wall-clock limit of this step: may shorten the configuration's, never lengthen it
+             timeout_s: float | None = None, # this step's time limit: can only shorten the config's
              **kwargs) -> CodeObservation:
         "Run `action.code` in the episode's worker, then the step's tests, and observe what it did."
         fresh = self.sandbox.pid is None
         r = self.sandbox.run(action.code, timeout_s=timeout_s)
         self._state.step_count += 1
         self._state.last_exit_code = r.exit_code
-        task, meta = step_task(action.metadata, self.task), self._step_metadata(action.code, r, fresh)
+        task, meta = step_task(action.metadata,
+                               self.task), self._step_metadata(action.code, r, fresh)
         if task is not None and task.tests: self._run_tests(task.tests, meta, timeout_s)
-        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code, metadata=meta))
+        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr,
+                                                    exit_code=r.exit_code, metadata=meta))
         return self._score(action, obs, task)
 
     @property
@@ -227,17 +250,17 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
 # %% ../../nbs/envs/coding.ipynb #d90d3199
 @patch
 def _flag(self: CodingEnvironment, meta: dict) -> dict:
-    "`meta`, with the guarantees the sandbox runs without (`insecure_sandbox`) when it was told to run anyway."
+    "`meta`, with the guarantees the sandbox lacks (`insecure_sandbox`) when told to run anyway."
     if self.sandbox.insecure: meta["insecure_sandbox"] = list(self.sandbox.insecure)
     return meta
 
 # %% ../../nbs/envs/coding.ipynb #ea132779
 @patch
 def _run_tests(self: CodingEnvironment, tests: list[str], # the step's tests
-               meta: dict, # the step's metadata: gets `tests`, and `state_lost` when a test ended the worker
+               meta: dict, # gets `tests`, and `state_lost` if a test ended the worker
                timeout_s: float | None = None # each test's wall-clock limit, as the step's
               ) -> dict:
-    "Run each test in the episode's worker after the step's code, and count in `meta[\"tests\"]` how many passed."
+    "Run each test in the worker after the step's code; count in `meta[\"tests\"]` those passed."
     runs = [self.sandbox.run(t, timeout_s=timeout_s) for t in tests]
     meta["tests"] = {"passed": sum(r.exit_code == 0 for r in runs), "total": len(runs)}
     if any(r.state_lost for r in runs): meta["state_lost"] = True
@@ -248,9 +271,10 @@ def _run_tests(self: CodingEnvironment, tests: list[str], # the step's tests
 def _score(self: CodingEnvironment, action: CodeAction, observation: CodeObservation,
            task: CodeTask | None # the step's task (see `step_task`)
           ) -> CodeObservation:
-    "`observation`, with `task`'s score added to its reward; the step's rubric stays in `rubric` (`None` without a task)."
+    "`observation`, with `task`'s score added to its reward; the step's rubric stays in `rubric`."
     self.rubric = None if task is None else coding_rubric(task, self.all_or_nothing)
-    if self.rubric is not None: observation.reward = (observation.reward or 0.0) + self._apply_rubric(action, observation)
+    if self.rubric is not None:
+        observation.reward = (observation.reward or 0.0) + self._apply_rubric(action, observation)
     return observation
 
 # %% ../../nbs/envs/coding.ipynb #9b4359bb
@@ -282,21 +306,25 @@ Rewards are OpenEnv's: -1.0 for a dangerous pattern, +0.1 for concise code, -0.2
 @patch
 def get_metadata(self: CodingEnvironment) -> EnvironmentMetadata:
     "What `/metadata` says about the coding environment."
-    return EnvironmentMetadata(name="CodingEnvironment", description=CodingEnvironment.__doc__, readme_content=_README,
-                               version="1.0.0", documentation_url="https://openenv-nb.github.io/openenv-nb/envs/coding.html")
+    return EnvironmentMetadata(name="CodingEnvironment", description=CodingEnvironment.__doc__,
+                               readme_content=_README,
+                               version="1.0.0",
+                               documentation_url="https://openenv-nb.github.io/openenv-nb/envs/coding.html")
 
 # %% ../../nbs/envs/coding.ipynb #734e6e32
 @patch(cls_method=True)
-def preflight(cls: CodingEnvironment, config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
+def preflight(cls: CodingEnvironment,
+              config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
              ) -> Layers:
-    "Start one worker as a session would, and stop it: its layers, or `IsolationError` (what a server checks before serving)."
+    "Start one worker as a session would, and stop it: its layers, or `IsolationError`."
     with Sandbox(config or SandboxConfig.from_env()) as sb: return sb.start()
 
 # %% ../../nbs/envs/coding.ipynb #2e0a950e
 @patch(cls_method=True)
-def default_max_sessions(cls: CodingEnvironment, config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
+def default_max_sessions(cls: CodingEnvironment,
+                         config: SandboxConfig | None = None # default `SandboxConfig.from_env()`
                         ) -> int:
-    "Sessions a coding server holds by default: the workers that fit under the memory cap (`max_workers`), less those kept ready."
+    "A coding server's default sessions: `max_workers` under the memory cap, less those ready."
     return max(1, (config or SandboxConfig.from_env()).max_workers - _ready())
 
 # %% ../../nbs/envs/coding.ipynb #f8900f86

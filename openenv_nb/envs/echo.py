@@ -33,19 +33,24 @@ class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservatio
     "Echoes every message back (0.1 reward per character) as an `EchoAction` step, or through the tools `echo_message` and `echo_with_length`."
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, split: str | None = None,
+    def reset(self, seed: int | None = None, episode_id: str | None = None,
+              split: str | None = None,
               index: int | None = None, **kwargs) -> EchoObservation:
         task = None if split is None and index is None else self.get_task(split or "train", index or 0)
         self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
-        if task is None: return EchoObservation(echoed_message="Echo environment ready!", message_length=0, reward=0.0)
+        if task is None: return EchoObservation(echoed_message="Echo environment ready!",
+                                                message_length=0, reward=0.0)
         msg = task["message"]
-        return EchoObservation(echoed_message=msg, message_length=len(msg), reward=0.0, metadata={"task": task})
+        return EchoObservation(echoed_message=msg, message_length=len(msg), reward=0.0,
+                               metadata={"task": task})
 
     def step(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
         self._state.step_count += 1
-        if not isinstance(action, EchoAction): return MCPEnvironment.step(self, action, timeout_s=timeout_s, **kwargs)
+        if not isinstance(action, EchoAction):
+            return MCPEnvironment.step(self, action, timeout_s=timeout_s, **kwargs)
         msg = action.message
-        return self._apply_transform(EchoObservation(echoed_message=msg, message_length=len(msg), reward=len(msg) * 0.1,
+        return self._apply_transform(EchoObservation(echoed_message=msg, message_length=len(msg),
+                                                     reward=len(msg) * 0.1,
                                                      metadata={"original_message": msg, "step": self._state.step_count}))
 
     @property
@@ -54,13 +59,15 @@ class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservatio
 
 # %% ../../nbs/envs/echo.ipynb #cf45998d
 @patch
-async def reset_async(self: EchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> EchoObservation:
+async def reset_async(self: EchoEnvironment, seed: int | None = None, episode_id: str | None = None,
+                      **kwargs) -> EchoObservation:
     "`reset`, run on the event loop: it never blocks."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
 # %% ../../nbs/envs/echo.ipynb #c75d8808
 @patch
-async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:
+async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float | None = None,
+                     **kwargs) -> EchoObservation:
     "`step`, run on the event loop: it never blocks (a tool call runs as `MCPEnvironment` runs it)."
     if isinstance(action, EchoAction): return self.step(action, timeout_s=timeout_s, **kwargs)
     self._state.step_count += 1
@@ -68,12 +75,14 @@ async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float
 
 
 # %% ../../nbs/envs/echo.ipynb #e5dae243
-ECHO_TASKS = {"train": ("hello", "openenv", "echo this back"), "test": ("goodbye", "one last message")}
+ECHO_TASKS = {"train": ("hello", "openenv", "echo this back"),
+              "test": ("goodbye", "one last message")}
 
 # %% ../../nbs/envs/echo.ipynb #0566e645
 def _messages(split: str) -> tuple[str, ...]:
     "The messages of `split`; a `ValueError` for a split echo does not have."
-    if split not in ECHO_TASKS: raise ValueError(f"unknown split {split!r}: echo has {', '.join(ECHO_TASKS)}")
+    if split not in ECHO_TASKS: raise ValueError(f"unknown split {split!r}: echo has "
+                                                 f"{', '.join(ECHO_TASKS)}")
     return ECHO_TASKS[split]
 
 # %% ../../nbs/envs/echo.ipynb #daeeff1f
@@ -93,12 +102,14 @@ def num_tasks(self: EchoEnvironment, split: str) -> int:
 def get_task(self: EchoEnvironment, split: str, index: int) -> dict:
     "Task `index` of `split`: `{id, index, message}`; an `IndexError` where there is none."
     msgs = _messages(split)
-    if not 0 <= index < len(msgs): raise IndexError(f"echo's {split!r} split has no task {index} (it has {len(msgs)})")
+    if not 0 <= index < len(msgs): raise IndexError(f"echo's {split!r} split has no task {index} "
+                                                    f"(it has {len(msgs)})")
     return {"id": f"{split}-{index}", "index": index, "message": msgs[index]}
 
 # %% ../../nbs/envs/echo.ipynb #1699d2be
 @patch
-def get_task_range(self: EchoEnvironment, split: str, start: int | None = None, stop: int | None = None) -> list[dict]:
+def get_task_range(self: EchoEnvironment, split: str, start: int | None = None,
+                   stop: int | None = None) -> list[dict]:
     "The tasks of `split` from `start` to before `stop`, counted as a slice counts."
     return [self.get_task(split, i) for i in range(len(_messages(split)))[start:stop]]
 

@@ -55,7 +55,8 @@ def bounded(kind: type, # `int` or `float`
 @functools.singledispatch
 def space_type(space: spaces.Space) -> Any:
     "The pydantic type of the values of `space` as they travel in JSON."
-    raise TypeError(f"openenv-nb has no wire type for {type(space).__name__} spaces ({space}); it knows Discrete, Box, "
+    raise TypeError(f"openenv-nb has no wire type for {type(space).__name__} spaces ({space}); it "
+                    "knows Discrete, Box, "
                     "MultiBinary, MultiDiscrete, Text, Tuple, Dict and Sequence")
 
 # %% ../../nbs/envs/gym.ipynb #85dec6c8
@@ -72,7 +73,8 @@ def _box(space: spaces.Box) -> Any:
 
 # %% ../../nbs/envs/gym.ipynb #330f0708
 @space_type.register
-def _multi_binary(space: spaces.MultiBinary) -> Any: return nested(Annotated[int, Field(ge=0, le=1)], space.shape)
+def _multi_binary(space: spaces.MultiBinary) -> Any:
+    return nested(Annotated[int, Field(ge=0, le=1)], space.shape)
 
 # %% ../../nbs/envs/gym.ipynb #a86a3fa4
 @space_type.register
@@ -81,7 +83,8 @@ def _multi_discrete(space: spaces.MultiDiscrete) -> Any:
 
 # %% ../../nbs/envs/gym.ipynb #b279c9b0
 @space_type.register
-def _text(space: spaces.Text) -> Any: return Annotated[str, Field(min_length=space.min_length, max_length=space.max_length)]
+def _text(space: spaces.Text) -> Any:
+    return Annotated[str, Field(min_length=space.min_length, max_length=space.max_length)]
 
 # %% ../../nbs/envs/gym.ipynb #db7e73cf
 @space_type.register
@@ -103,16 +106,21 @@ def to_native(space: spaces.Space, # the space the value belongs to
               value: Any # a value as `space_type(space)` validates it
              ) -> Any:
     "`value` in the form Gymnasium's `space` holds: numpy arrays with its dtype, tuples, dicts."
-    if isinstance(space, spaces.Discrete): return space.dtype.type(value)  # a numpy integer, as Gymnasium's vector envs pass
-    if isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete)): return np.asarray(value, dtype=space.dtype)
-    if isinstance(space, spaces.Tuple): return tuple(to_native(s, v) for s, v in zip(space.spaces, value))
-    if isinstance(space, spaces.Dict): return {k: to_native(s, value[k]) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Sequence): return tuple(to_native(space.feature_space, v) for v in value)
+    # a numpy integer, as Gymnasium's vector envs pass
+    if isinstance(space, spaces.Discrete): return space.dtype.type(value)
+    if isinstance(space, (spaces.Box, spaces.MultiBinary,
+                          spaces.MultiDiscrete)): return np.asarray(value, dtype=space.dtype)
+    if isinstance(space, spaces.Tuple): return tuple(to_native(s, v)
+                                                     for s, v in zip(space.spaces, value))
+    if isinstance(space, spaces.Dict): return {k: to_native(s, value[k])
+                                               for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Sequence): return tuple(to_native(space.feature_space, v)
+                                                        for v in value)
     return value
 
 # %% ../../nbs/envs/gym.ipynb #48d2ca55
 def jsonable(x: Any) -> Any:
-    "`x` with numpy arrays and scalars made Python lists and numbers, recursively (tuples stay tuples)."
+    "`x` with numpy arrays and scalars made Python lists and numbers, recursively (tuples stay)."
     if isinstance(x, (np.ndarray, np.generic)): return x.tolist()
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, tuple): return tuple(jsonable(v) for v in x)
@@ -122,27 +130,34 @@ def jsonable(x: Any) -> Any:
 # %% ../../nbs/envs/gym.ipynb #96d3a3a2
 def _why(e: ValidationError) -> str:
     "The first three complaints of `e`, each with where it is."
-    return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'value'}: {d['msg']}" for d in e.errors()[:3])
+    return "; ".join(f"{'.'.join(map(str, d['loc'])) or 'value'}: {d['msg']}"
+                     for d in e.errors()[:3])
 
 # %% ../../nbs/envs/gym.ipynb #22473a26
 class _Named:
-    "Pydantic metadata: every error of the type it annotates becomes one error with `message`, raised in pydantic's core."
+    "Pydantic metadata: any error of the type it annotates becomes one with `message`."
     def __init__(self, message: str): self.message = message
     def __get_pydantic_core_schema__(self, source, handler):
-        return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space", custom_error_message=self.message)
+        return core_schema.custom_error_schema(handler(source), custom_error_type="not_in_space",
+                                               custom_error_message=self.message)
 
 # %% ../../nbs/envs/gym.ipynb #c23434d6
-EXACT = (spaces.Discrete, spaces.MultiBinary)  # spaces whose type says all: `contains` would only repeat it, slowly
+# spaces whose type says all: `contains` would only repeat it, slowly
+EXACT = (spaces.Discrete, spaces.MultiBinary)
 
 def in_space(space: spaces.Space # the space values must belong to
             ) -> WrapValidator | _Named:
-    "A validator for `space_type(space)` that also asks `space.contains` (where the type does not say all), naming `space` in every error."
-    if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer from {space.start} to {space.start + space.n - 1}")
+    "A validator for `space_type(space)` also asking `space.contains`, naming `space` in errors."
+    if isinstance(space, spaces.Discrete): return _Named(f"Input is not in {space}: an integer "
+                                                         f"from {space.start} to "
+                                                         f"{space.start + space.n - 1}")
     exact = isinstance(space, EXACT)
     def check(v, handler):
         try: out = handler(v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v)
-        except ValidationError as e: raise ValueError(f"{v!r} is not in {space}: {_why(e)}") from None
-        if not exact and not space.contains(to_native(space, out)): raise ValueError(f"{v!r} is not in {space}")
+        except ValidationError as e:
+            raise ValueError(f"{v!r} is not in {space}: {_why(e)}") from None
+        if not exact and not space.contains(to_native(space, out)):
+            raise ValueError(f"{v!r} is not in {space}")
         return out
     return WrapValidator(check)
 
@@ -154,10 +169,14 @@ class GymAction(Action):
 # %% ../../nbs/envs/gym.ipynb #86bcbb67
 class GymObservation(Observation):
     "What a Gymnasium environment gives from `reset` and `step`; `done` is `terminated or truncated`."
-    obs: Any = Field(default=None, description="The observation: an element of the observation space, as JSON")
+    obs: Any = Field(default=None, description="The observation: an element of the observation "
+                                               "space, as JSON")
     terminated: bool = Field(default=False, description="The episode reached a terminal state")
-    truncated: bool = Field(default=False, description="The episode was cut short (a time limit, say)")
-    frame: str | None = Field(default=None, description="The rendered frame, a `data:image/png;base64,...` URL, when the environment renders `rgb_array`")
+    truncated: bool = Field(default=False,
+                            description="The episode was cut short (a time limit, say)")
+    frame: str | None = Field(default=None,
+                              description="The rendered frame, a `data:image/png;base64,...` URL, "
+                                          "when the environment renders `rgb_array`")
 
 # %% ../../nbs/envs/gym.ipynb #c8f878c6
 class GymState(State):
@@ -167,7 +186,8 @@ class GymState(State):
 # %% ../../nbs/envs/gym.ipynb #84714a14
 def camel(env_id: str) -> str:
     "A class-name stem for `env_id`: `CartPole-v1` -> `CartPoleV1`."
-    return "".join(p[:1].upper() + p[1:] for p in "".join(c if c.isalnum() else " " for c in env_id).split())
+    return "".join(p[:1].upper() + p[1:]
+                   for p in "".join(c if c.isalnum() else " " for c in env_id).split())
 
 # %% ../../nbs/envs/gym.ipynb #99478b16
 @functools.cache
@@ -175,16 +195,20 @@ def _types(env_id: str, make: str) -> tuple[type[GymAction], type[GymObservation
     env = gym.make(env_id, **json.loads(make))
     act, obs = env.action_space, env.observation_space
     env.close()
-    return (create_model(f"{camel(env_id)}Action", __base__=GymAction, __doc__=f"An action of {env_id}: an element of {act}.",
-                         action=(Annotated[space_type(act), in_space(act)], Field(description=f"An element of {act}"))),
-            create_model(f"{camel(env_id)}Observation", __base__=GymObservation, __doc__=f"What {env_id} observes.",
-                         obs=(space_type(obs) | None, Field(default=None, description=f"An element of {obs}"))))
+    return (create_model(f"{camel(env_id)}Action", __base__=GymAction,
+                         __doc__=f"An action of {env_id}: an element of {act}.",
+                         action=(Annotated[space_type(act), in_space(act)],
+                                 Field(description=f"An element of {act}"))),
+            create_model(f"{camel(env_id)}Observation", __base__=GymObservation,
+                         __doc__=f"What {env_id} observes.",
+                         obs=(space_type(obs) | None,
+                              Field(default=None, description=f"An element of {obs}"))))
 
 # %% ../../nbs/envs/gym.ipynb #4c3b170a
 def gym_types(env_id: str, # a registered id, e.g. `"CartPole-v1"`
               **kwargs # `gym.make` arguments (JSON values)
              ) -> tuple[type[GymAction], type[GymObservation]]:
-    "The action and observation classes of `env_id`, their fields typed by its spaces (made once per id and arguments)."
+    "The action and observation classes of `env_id`, typed by its spaces (made once per id)."
     return _types(env_id, json.dumps(kwargs, sort_keys=True))
 
 # %% ../../nbs/envs/gym.ipynb #16ddc6b2
@@ -199,32 +223,38 @@ def png(image: np.ndarray, # `uint8`, shape `(h, w)` (grey), `(h, w, 3)` (RGB) o
     "The bytes of a PNG file holding `image`."
     h, w = image.shape[:2]
     colour = {1: 0, 3: 2, 4: 6}[1 if image.ndim == 2 else image.shape[2]]
-    rows = np.concatenate([np.zeros((h, 1), np.uint8), np.ascontiguousarray(image, np.uint8).reshape(h, -1)], axis=1)
+    rows = np.concatenate([np.zeros((h, 1), np.uint8),
+                           np.ascontiguousarray(image, np.uint8).reshape(h, -1)], axis=1)
     header = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + _chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header)
+            + _chunk(b"IDAT", zlib.compress(rows.tobytes(), level)) + _chunk(b"IEND", b""))
 
 # %% ../../nbs/envs/gym.ipynb #242978e8
 class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
-    "A Gymnasium environment, served: `reset` and `step` as Gymnasium's, `terminated` and `truncated` both kept."
+    "A Gymnasium environment, served: `reset`, `step` as Gymnasium's, `terminated`, `truncated` kept."
     SUPPORTS_CONCURRENT_SESSIONS = True
     env_id: str | None = None  # set on the classes that `gym_env` makes
     make_kwargs: dict = {}
 
-    def __init__(self, env_id: str | None = None, # a registered id, e.g. `"CartPole-v1"`; default the class's
-                 **kwargs # `gym.make` arguments, over the class's (`render_mode="rgb_array"` adds frames)
+    def __init__(self, env_id: str | None = None, # a registered id (`"CartPole-v1"`); default the class's
+                 **kwargs # `gym.make` arguments, over the class's
                 ):
         super().__init__()
         self.env_id, self.kwargs = env_id or self.env_id, {**self.make_kwargs, **kwargs}
-        if self.env_id is None: raise ValueError("GymEnvironment needs an env_id, e.g. GymEnvironment('CartPole-v1'), or a class from gym_env()")
-        if self.kwargs.get("render_mode") == "rgb_array": os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames need no display
+        if self.env_id is None: raise ValueError("GymEnvironment needs an env_id, e.g. "
+                                                 "GymEnvironment('CartPole-v1'), or a class from "
+                                                 "gym_env()")
+        if self.kwargs.get("render_mode") == "rgb_array":  # frames need no display
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         self.env = gym.make(self.env_id, **self.kwargs)
-        self.action_space, self.renders = self.env.action_space, self.env.render_mode == "rgb_array"  # read once: wrappers forward them slowly
+        # read once: wrappers forward them slowly
+        self.action_space, self.renders = self.env.action_space, self.env.render_mode == "rgb_array"
         self.action_type, self.observation_type = gym_types(self.env_id, **self.kwargs)
         self.episode_id, self.steps = None, 0
 
-    def reset(self, seed: int | None = None, # reseeds the environment: the same seed and actions give the same episode
+    def reset(self, seed: int | None = None, # the same seed and actions give the same episode
               episode_id: str | None = None, # the new episode's id; default a fresh one
-              options: dict | None = None, # Gymnasium's reset options, e.g. `{"low": -0.01, "high": 0.01}` for CartPole
+              options: dict | None = None, # Gymnasium's reset options, e.g. `{"low": -0.01}`
               **kwargs) -> GymObservation:
         "Start an episode."
         obs, info = self.env.reset(seed=seed, options=options)
@@ -233,12 +263,14 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
 
     def step(self, action: GymAction, timeout_s: float | None = None, **kwargs) -> GymObservation:
         "Apply `action`: one element of the action space."
-        obs, reward, terminated, truncated, info = self.env.step(to_native(self.action_space, action.action))
+        obs, reward, terminated, truncated, info = self.env.step(
+            to_native(self.action_space, action.action))
         self.steps += 1
         return self._observe(obs, reward, terminated, truncated, info)
 
     @property
-    def state(self) -> GymState: return GymState(episode_id=self.episode_id, step_count=self.steps, env_id=self.env_id)
+    def state(self) -> GymState: return GymState(episode_id=self.episode_id, step_count=self.steps,
+                                                 env_id=self.env_id)
 
     def close(self):
         "Close the Gymnasium environment."
@@ -247,16 +279,18 @@ class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
 # %% ../../nbs/envs/gym.ipynb #33ca9253
 @functools.cache
 def _names(cls: type[BaseModel]) -> tuple[frozenset, set] | None:
-    "The field names of `cls`, as a frozenset and as a set to copy (read once: `model_fields` is slow to read); `None` when it has private attributes."
-    return None if cls.__private_attributes__ else (frozenset(cls.model_fields), set(cls.model_fields))
+    "The field names of `cls`, as a frozenset and a set to copy; `None` when it has private attributes."
+    return None if cls.__private_attributes__ else (frozenset(cls.model_fields),
+                                                    set(cls.model_fields))
 
 # %% ../../nbs/envs/gym.ipynb #596c5c62
 def trusted(cls: type[BaseModel], # a pydantic model class
-            **fields # a value for every field, already of the field's type (in the fields' order, as validation leaves them)
+            **fields # every field's value, already of its type, in order
            ) -> BaseModel:
-    "An instance of `cls` holding `fields` unchecked: what `model_construct` makes, without its per-field work."
+    "An instance of `cls` holding `fields` unchecked: `model_construct`'s, without its per-field work."
     names = _names(cls)
-    if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)  # fields left out, or private attributes
+    # fields left out, or private attributes
+    if names is None or fields.keys() != names[0]: return cls.model_construct(**fields)
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", fields)
     object.__setattr__(obj, "__pydantic_fields_set__", names[1].copy())
@@ -267,9 +301,11 @@ def trusted(cls: type[BaseModel], # a pydantic model class
 # %% ../../nbs/envs/gym.ipynb #dd6e9cbf
 @patch
 def _observe(self: GymEnvironment, obs, reward, terminated, truncated, info) -> GymObservation:
-    "What Gymnasium returned, as this environment's observation class (the info in `metadata`), built with `trusted`."
-    return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated), reward=float(reward),
-                                         metadata=jsonable(info) if info else {}, obs=jsonable(obs), terminated=bool(terminated),
+    "What Gymnasium returned, as the observation class (info in `metadata`), built with `trusted`."
+    return self._apply_transform(trusted(self.observation_type, done=bool(terminated or truncated),
+                                         reward=float(reward),
+                                         metadata=jsonable(info) if info else {}, obs=jsonable(obs),
+                                         terminated=bool(terminated),
                                          truncated=bool(truncated), frame=self.frame()))
 
 # %% ../../nbs/envs/gym.ipynb #5f6568b7
@@ -283,22 +319,28 @@ def frame(self: GymEnvironment) -> str | None:
 @patch
 def get_metadata(self: GymEnvironment) -> EnvironmentMetadata:
     "What `/metadata` reports: the id, its spaces, and Gymnasium's version."
-    return EnvironmentMetadata(name=f"gym:{self.env_id}", version=gym.__version__, documentation_url="https://gymnasium.farama.org",
-                               description=f"Gymnasium's {self.env_id}: actions in {self.env.action_space}, observations in {self.env.observation_space}")
+    return EnvironmentMetadata(name=f"gym:{self.env_id}", version=gym.__version__,
+                               documentation_url="https://gymnasium.farama.org",
+                               description=f"Gymnasium's {self.env_id}: actions in "
+                                           f"{self.env.action_space}, observations in "
+                                           f"{self.env.observation_space}")
 
 # %% ../../nbs/envs/gym.ipynb #9b21d8da
 class InlineGymEnvironment(GymEnvironment):
-    "A `GymEnvironment` that the server calls on its event loop: for environments whose steps take microseconds."
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> GymObservation:
+    "A `GymEnvironment` the server calls on its event loop: for steps that take microseconds."
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          **kwargs) -> GymObservation:
         "`reset`, on the event loop."
         return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
-    async def step_async(self, action: GymAction, timeout_s: float | None = None, **kwargs) -> GymObservation:
+    async def step_async(self, action: GymAction, timeout_s: float | None = None,
+                         **kwargs) -> GymObservation:
         "`step`, on the event loop."
         return self.step(action, timeout_s=timeout_s, **kwargs)
 
 # %% ../../nbs/envs/gym.ipynb #e0fd2f15
-QUICK = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.")  # pure-Python families: microseconds a step
+# pure-Python families: microseconds a step
+QUICK = ("gymnasium.envs.classic_control.", "gymnasium.envs.toy_text.")
 
 def runs_inline(env_id: str, # a registered id
                 render_mode: str | None = None # rendering takes milliseconds a frame
@@ -311,15 +353,16 @@ def runs_inline(env_id: str, # a registered id
 def _natives(space: spaces.Space, # the action space they share
              actions: list # checked actions, one per environment
             ) -> list | np.ndarray:
-    "The actions as Gymnasium takes them, as `to_native` makes them: in one pass for a `Discrete` space."
-    if isinstance(space, spaces.Discrete): return np.asarray([a.action for a in actions], dtype=space.dtype)
+    "The actions as Gymnasium takes them (`to_native`): in one pass for a `Discrete` space."
+    if isinstance(space, spaces.Discrete):
+        return np.asarray([a.action for a in actions], dtype=space.dtype)
     return [to_native(space, a.action) for a in actions]
 
 # %% ../../nbs/envs/gym.ipynb #a85bd770
 def _step_all(envs: list, # `GymEnvironment`s
               actions # their actions, as Gymnasium takes them
              ) -> list:
-    "Each environment's Gymnasium step (the exception it raised, where one did), its step count kept."
+    "Each environment's Gymnasium step (or the exception it raised), its step count kept."
     out = []
     for e, a in zip(envs, actions):
         try: out.append(e.env.step(a))
@@ -330,14 +373,15 @@ def _step_all(envs: list, # `GymEnvironment`s
 # %% ../../nbs/envs/gym.ipynb #9d1c0b4d
 def _columns(out: list # Gymnasium's step results, or exceptions
             ) -> Steps:
-    "`out` as `Steps`: each observation as `_observe` and `to_envelope` make it (no frame, no transform)."
+    "`out` as `Steps`: each observation as `_observe` and `to_envelope` make it (no frame)."
     n = len(out)
     obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
     for i, r in enumerate(out):
         if isinstance(r, BaseException): errors[i] = r; continue
         o, rew, te, tr, info = r
         te, tr = bool(te), bool(tr)
-        obs[i] = {"metadata": jsonable(info) if info else {}, "obs": jsonable(o), "terminated": te, "truncated": tr, "frame": None}
+        obs[i] = {"metadata": jsonable(info) if info else {}, "obs": jsonable(o), "terminated": te,
+                  "truncated": tr, "frame": None}
         rewards[i], dones[i] = float(rew), te or tr
     return Steps(obs, rewards, dones, errors)
 
@@ -346,10 +390,11 @@ _FIELDS = frozenset(GymObservation.model_fields)
 
 def _declines(envs: list # `GymEnvironment`s of one class
              ) -> bool:
-    "Whether the hooks leave `envs` to `step` and `reset`: one has a transform or renders, has spaces other than the first's, or its observation class other fields."
+    "Whether the hooks leave `envs` to `step` and `reset`: one transforms, renders or differs."
     first = envs[0]
     if (_names(first.observation_type) or (None,))[0] != _FIELDS: return True
-    return any(e.transform is not None or e.renders or e.action_type is not first.action_type for e in envs)
+    return any(e.transform is not None or e.renders or e.action_type is not first.action_type
+               for e in envs)
 
 # %% ../../nbs/envs/gym.ipynb #6038314a
 @patch(cls_method=True)
@@ -363,7 +408,7 @@ def step_batch(cls: GymEnvironment, envs: list, # instances of `cls`
 # %% ../../nbs/envs/gym.ipynb #0ab4b78e
 def _reset_all(envs: list # `GymEnvironment`s
               ) -> list:
-    "Each environment reset as `reset()` resets it (the exception it raised, where one did), as a step result with reward 0."
+    "Each environment reset as `reset()` does (or the exception it raised), as a step with reward 0."
     out = []
     for e in envs:
         try: obs, info = e.env.reset(seed=None, options=None)
@@ -391,16 +436,20 @@ async def reset_batch_async(cls: InlineGymEnvironment, envs: list) -> Steps | No
     return cls.reset_batch(envs)
 
 # %% ../../nbs/envs/gym.ipynb #e29810b0
-REWARDS = {  # the name of an id (before `-v`) -> (the range of one step's reward, the best return: a number, "steps" or None)
-    "CartPole": ((0.0, 1.0), "steps"), "FrozenLake": ((0.0, 1.0), 1.0), "Acrobot": ((-1.0, 0.0), None), "MountainCar": ((-1.0, 0.0), None),
-    "Pendulum": ((-16.2736045, 0.0), None), "CliffWalking": ((-100.0, -1.0), None), "Taxi": ((-10.0, 20.0), None), "Blackjack": ((-1.0, 1.5), None)}
-REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")  # `gym.make` arguments that change the rewards: with one, nothing is declared
+# an id's name (before `-v`) -> (a step's reward range, the best return: a number, "steps", None)
+REWARDS = {
+    "CartPole": ((0.0, 1.0), "steps"), "FrozenLake": ((0.0, 1.0), 1.0),
+    "Acrobot": ((-1.0, 0.0), None), "MountainCar": ((-1.0, 0.0), None),
+    "Pendulum": ((-16.2736045, 0.0), None), "CliffWalking": ((-100.0, -1.0), None),
+    "Taxi": ((-10.0, 20.0), None), "Blackjack": ((-1.0, 1.5), None)}
+# `gym.make` arguments that change the rewards: with one, nothing is declared
+REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")
 
 # %% ../../nbs/envs/gym.ipynb #4e4d303b
 def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
                      **kwargs # its `gym.make` arguments
                     ) -> dict:
-    "`reward_range` and `max_return` of `env_id` made with `kwargs`, where `REWARDS` knows them; empty where it does not."
+    "`reward_range` and `max_return` of `env_id` made with `kwargs`, where `REWARDS` knows them."
     name = env_id.rpartition("/")[2].rpartition("-v")[0]
     if name not in REWARDS or any(k in kwargs for k in REWARD_ARGS): return {}
     (low, high), best = REWARDS[name]
@@ -413,23 +462,25 @@ def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
 def _env_class(env_id: str, make: str, inline: bool | None) -> type[GymEnvironment]:
     kwargs = json.loads(make)
     act, obs = gym_types(env_id, **kwargs)
-    base = InlineGymEnvironment if (runs_inline(env_id, kwargs.get("render_mode")) if inline is None else inline) else GymEnvironment
+    base = InlineGymEnvironment if (runs_inline(env_id, kwargs.get("render_mode")) if inline is None
+                                    else inline) else GymEnvironment
     return type(f"{camel(env_id)}Environment", (base,), dict(gym_declarations(env_id, **kwargs),
-        env_id=env_id, make_kwargs=kwargs, action_type=act, observation_type=obs, state_type=GymState,
+        env_id=env_id, make_kwargs=kwargs, action_type=act, observation_type=obs,
+        state_type=GymState,
         __module__=__name__, __doc__=f"Gymnasium's {env_id}, served."))
 
 # %% ../../nbs/envs/gym.ipynb #53c7063e
 def gym_env(env_id: str, # a registered id, e.g. `"CartPole-v1"`
-            inline: bool | None = None, # run on the server's event loop; default: for classic control and toy text
+            inline: bool | None = None, # run on the event loop; default: classic control, toy text
             **kwargs # `gym.make` arguments (JSON values), e.g. `render_mode="rgb_array"`
            ) -> type[GymEnvironment]:
-    "The `Environment` class serving `env_id`: give it to `create_app`; an unknown id names the nearest ones."
+    "The `Environment` class serving `env_id`, for `create_app`; an unknown id names the nearest."
     if env_id not in gym.registry: raise unknown_name("gym", env_id, gym.registry)
     return _env_class(env_id, json.dumps(kwargs, sort_keys=True), inline)
 
 # %% ../../nbs/envs/gym.ipynb #d7aa3d28
 def gym_names() -> list[str]:
-    "The ids `openenv serve gym:ID` takes here: Gymnasium's registry, and what installed packages register in it."
+    "The ids `openenv serve gym:ID` takes here: Gymnasium's registry, with what packages register."
     return sorted(gym.registry)
 
 # %% ../../nbs/envs/gym.ipynb #cd11a106
@@ -441,22 +492,24 @@ def make_gym_target(spec: str # what follows `gym:` in `openenv serve gym:SPEC`
 
 # %% ../../nbs/envs/gym.ipynb #328860aa
 class GymEnv(EnvClient[GymAction, GymObservation, GymState]):
-    "Client for a served Gymnasium environment; `GymEnv.from_local(\"CartPole-v1\")` serves one on this machine."
+    "Client for a served Gymnasium environment; `GymEnv.from_local(\"CartPole-v1\")` serves one here."
     @delegates(EnvClient.__init__)
     def __init__(self, base_url: str | None = None, # the server
-                 env_id: str | None = None, # type actions and observations by this environment's spaces
-                 make_kwargs: dict | None = None, # the `gym.make` arguments the server uses (they may change the spaces)
+                 env_id: str | None = None, # type actions and observations by its spaces
+                 make_kwargs: dict | None = None, # the server's `gym.make` arguments
                  **kwargs):
         super().__init__(base_url, **kwargs)
-        if env_id is not None: self.action_type, self.observation_type = gym_types(env_id, **(make_kwargs or {}))
+        if env_id is not None:
+            self.action_type, self.observation_type = gym_types(env_id, **(make_kwargs or {}))
 
 # %% ../../nbs/envs/gym.ipynb #db054622
 @patch(cls_method=True)
 def from_local(cls: GymEnv, env_id: str, # a registered id, e.g. `"CartPole-v1"`
                max_sessions: int = 64, # sessions the server will hold
-               make_kwargs: dict | None = None, # `gym.make` arguments, e.g. `{"render_mode": "rgb_array"}`
+               make_kwargs: dict | None = None, # e.g. `{"render_mode": "rgb_array"}`
                **kwargs # passed on to the client
               ) -> GymEnv:
-    "A typed client for `env_id` served in a subprocess on this machine (`openenv serve gym:ENV_ID`), started on `connect`."
+    "A typed client for `env_id` served in a subprocess here (`openenv serve gym:ENV_ID`) on `connect`."
     target = "gym:" + join_spec(env_id, **(make_kwargs or {}))
-    return super(GymEnv, cls).from_local(target, max_sessions=max_sessions, env_id=env_id, make_kwargs=make_kwargs, **kwargs)
+    return super(GymEnv, cls).from_local(target, max_sessions=max_sessions, env_id=env_id,
+                                         make_kwargs=make_kwargs, **kwargs)

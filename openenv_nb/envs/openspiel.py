@@ -29,27 +29,47 @@ from ..types import Action, EnvironmentMetadata, Observation, State
 class OpenSpielAction(Action):
     "The agent's move: one of the observation's `legal_actions`."
     action_id: int = Field(description="The action to play, one of `legal_actions`")
-    game_name: str = Field(default="catch", description="The game the client has in mind; the server plays the game it serves")
-    game_params: dict[str, Any] = Field(default_factory=dict, description="That game's parameters; unused, like `game_name`")
+    game_name: str = Field(default="catch", description="The game the client has in mind; the "
+                                                        "server plays the game it serves")
+    game_params: dict[str, Any] = Field(default_factory=dict,
+                                        description="That game's parameters; unused, like "
+                                                    "`game_name`")
 
 # %% ../../nbs/envs/openspiel.ipynb #d4fcdcb0
 class OpenSpielObservation(Observation):
     "What the agent sees when it must act, or when the game is over."
-    info_state: list[float] = Field(default_factory=list, description="The agent's information-state tensor (its observation tensor where the game has none), flat")
-    legal_actions: list[int] = Field(default_factory=list, description="The actions the agent may play now; empty once the game is over")
-    game_phase: Literal["initial", "playing", "terminal"] = Field(default="playing", description="`initial` before anyone has moved, then `playing`, then `terminal`")
-    current_player_id: int = Field(default=0, description="Whose turn it is: a seat, or OpenSpiel's -2 (simultaneous) or -4 (game over)")
-    opponent_last_action: int | None = Field(default=None, description="The last action an opponent played, if any")
-    observation_string: str | None = Field(default=None, description="What the agent sees, as the game writes it in text (where it does)")
-    action_names: list[str] = Field(default_factory=list, description="The game's names for `legal_actions`, in the same order")
-    error: str | None = Field(default=None, description="Why the last action was refused; `None` when it was played")
+    info_state: list[float] = Field(default_factory=list,
+                                    description="The agent's information-state tensor (its "
+                                                "observation tensor where the game has none), flat")
+    legal_actions: list[int] = Field(default_factory=list,
+                                     description="The actions the agent may play now; empty once "
+                                                 "the game is over")
+    game_phase: Literal["initial", "playing",
+                        "terminal"] = Field(default="playing",
+                                            description="`initial` before anyone has moved, then "
+                                                        "`playing`, then `terminal`")
+    current_player_id: int = Field(default=0,
+                                   description="Whose turn it is: a seat, or OpenSpiel's -2 "
+                                               "(simultaneous) or -4 (game over)")
+    opponent_last_action: int | None = Field(default=None,
+                                             description="The last action an opponent played, if "
+                                                         "any")
+    observation_string: str | None = Field(default=None,
+                                           description="What the agent sees, as the game writes it "
+                                                       "in text (where it does)")
+    action_names: list[str] = Field(default_factory=list,
+                                    description="The game's names for `legal_actions`, in the same "
+                                                "order")
+    error: str | None = Field(default=None, description="Why the last action was refused; `None` "
+                                                        "when it was played")
 
 # %% ../../nbs/envs/openspiel.ipynb #bd9e1bee
 class OpenSpielState(State):
     "A game's bookkeeping: which game, which seat the agent has, and who plays the others."
     game_name: str = Field(default="catch", description="The OpenSpiel game")
     agent_player: int = Field(default=0, description="The agent's seat")
-    opponent_policy: str = Field(default="random", description="The policy of the other seats, a key of `OPPONENTS`")
+    opponent_policy: str = Field(default="random",
+                                 description="The policy of the other seats, a key of `OPPONENTS`")
     game_params: dict[str, Any] = Field(default_factory=dict, description="The game's parameters")
     num_players: int = Field(default=1, description="Seats in the game")
 
@@ -65,7 +85,8 @@ OPPONENTS: dict[str, Callable[[list[int], random.Random], int]] = {
 def pick_opponent(name: str # a key of `OPPONENTS`
                  ) -> Callable[[list[int], random.Random], int]:
     "The policy called `name`; an unknown name is an error that lists the known ones."
-    if name not in OPPONENTS: raise ValueError(f"Unknown opponent {name!r}: choose one of {', '.join(OPPONENTS)}")
+    if name not in OPPONENTS: raise ValueError(f"Unknown opponent {name!r}: choose one of "
+                                               f"{', '.join(OPPONENTS)}")
     return OPPONENTS[name]
 
 # %% ../../nbs/envs/openspiel.ipynb #ae057576
@@ -80,7 +101,7 @@ def sample_chance(state: pyspiel.State, # a chance node
 def info_state(state: pyspiel.State, # any state of the game
                player: int # the seat whose view to read
               ) -> list[float]:
-    "`player`'s information-state tensor, or its observation tensor where the game has none (`[]` if neither)."
+    "`player`'s information-state tensor, or else its observation tensor (`[]` if neither)."
     kind = state.get_game().get_type()
     if kind.provides_information_state_tensor: return list(state.information_state_tensor(player))
     if kind.provides_observation_tensor: return list(state.observation_tensor(player))
@@ -100,21 +121,24 @@ def observation_string(state: pyspiel.State, # any state of the game
 class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, OpenSpielState]):
     "One seat of an OpenSpiel game; chance and built-in opponents play between the agent's turns."
     SUPPORTS_CONCURRENT_SESSIONS = True
-    game_name, game_params, opponent, agent_player, illegal_reward = "catch", {}, "random", 0, -0.1  # `openspiel_env` sets these per game
+    # `openspiel_env` sets these per game
+    game_name, game_params, opponent, agent_player, illegal_reward = "catch", {}, "random", 0, -0.1
 
-    def __init__(self, game_name: str | None = None, # an OpenSpiel game, e.g. `"tic_tac_toe"`; default the class's
+    def __init__(self, game_name: str | None = None, # an OpenSpiel game (`"tic_tac_toe"`); default the class's
                  opponent: str | None = None, # the other seats' policy, a key of `OPPONENTS`
                  agent_player: int | None = None, # the agent's seat
-                 illegal_reward: float | None = None, # the reward for an illegal action, which is not played
+                 illegal_reward: float | None = None, # the reward for an illegal action (not played)
                  game_params: dict | None = None): # the game's parameters, e.g. `{"rows": 8}`
         super().__init__()
-        given = dict(game_name=game_name, opponent=opponent, agent_player=agent_player, illegal_reward=illegal_reward, game_params=game_params)
+        given = dict(game_name=game_name, opponent=opponent, agent_player=agent_player,
+                     illegal_reward=illegal_reward, game_params=game_params)
         for k, v in given.items():
             if v is not None: setattr(self, k, v)
         self.game = load_game(self.game_name, self.game_params)
         self.num_players, self.gstate, self.last_opponent, self.returns, self.moves = self.game.num_players(), None, None, 0.0, 0
         self.rng = random.Random()
-        self._state = OpenSpielState(game_name=self.game_name, agent_player=self.agent_player, opponent_policy=self.opponent,
+        self._state = OpenSpielState(game_name=self.game_name, agent_player=self.agent_player,
+                                     opponent_policy=self.opponent,
                                      game_params=self.game_params, num_players=self.num_players)
 
     def reset(self, seed: int | None = None, # reseeds chance and the random opponent; without one, their generator goes on
@@ -126,19 +150,26 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
         self._choose(opponent, agent_player)
         if seed is not None: self.rng = random.Random(seed)
         self.gstate, self.last_opponent, self.moves = self.game.new_initial_state(), None, 0
-        self._state = self._state.model_copy(update=dict(episode_id=episode_id or str(uuid4()), step_count=0, agent_player=self.agent_player, opponent_policy=self.opponent))
+        self._state = self._state.model_copy(update=dict(episode_id=episode_id or str(uuid4()),
+                                                         step_count=0,
+                                                         agent_player=self.agent_player,
+                                                         opponent_policy=self.opponent))
         self._advance()
         self.returns = self.gstate.returns()[self.agent_player]
         return self._observe(None)
 
-    def step(self, action: OpenSpielAction, timeout_s: float | None = None, **kwargs) -> OpenSpielObservation:
-        "Play `action` for the agent, then chance and the opponents up to the agent's next turn or the end."
-        if self.gstate is None: self.reset()  # a step before any reset plays a new game, as in OpenEnv
+    def step(self, action: OpenSpielAction, timeout_s: float | None = None,
+             **kwargs) -> OpenSpielObservation:
+        "Play `action` for the agent, then chance and opponents up to the agent's next turn or the end."
+        # a step before any reset plays a new game, as in OpenEnv
+        if self.gstate is None: self.reset()
         self._state.step_count += 1
-        if self.gstate.is_terminal(): return self._observe(0.0, "The game is over: reset to play again")
+        if self.gstate.is_terminal(): return self._observe(0.0,
+                                                           "The game is over: reset to play again")
         legal = self.gstate.legal_actions(self.agent_player)
         if action.action_id not in legal:
-            return self._observe(self.illegal_reward, f"Action {action.action_id} is not legal here; the legal actions are {legal}")
+            return self._observe(self.illegal_reward, f"Action {action.action_id} is not legal "
+                                                      f"here; the legal actions are {legal}")
         self._play(action.action_id)
         self._advance()
         return self._observe(self._gain())
@@ -148,7 +179,7 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
 
 # %% ../../nbs/envs/openspiel.ipynb #587a9721
 def openspiel_names() -> list[str]:
-    "The games `openenv serve openspiel:GAME` takes: every game OpenSpiel registers, mean-field ones aside."
+    "The games `openenv serve openspiel:GAME` takes: all OpenSpiel registers, but mean-field ones."
     mean_field = pyspiel.GameType.Dynamics.MEAN_FIELD
     return sorted(g.short_name for g in pyspiel.registered_games() if g.dynamics != mean_field)
 
@@ -156,8 +187,9 @@ def openspiel_names() -> list[str]:
 def load_game(game_name: str, # an OpenSpiel game, e.g. `"tic_tac_toe"`
               game_params: dict | None = None # its parameters, e.g. `{"rows": 8}`
              ) -> pyspiel.Game:
-    "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error that says so."
-    if game_name not in pyspiel.registered_names(): raise unknown_name("openspiel", game_name, openspiel_names(), "game")
+    "The game, loaded; an unknown game, a bad parameter, or a mean-field game is an error."
+    if game_name not in pyspiel.registered_names():
+        raise unknown_name("openspiel", game_name, openspiel_names(), "game")
     game = pyspiel.load_game(game_name, dict(game_params or {}))
     if game.get_type().dynamics == pyspiel.GameType.Dynamics.MEAN_FIELD:
         raise ValueError(f"{game_name} is a mean-field game: it has no seat for one agent")
@@ -170,7 +202,8 @@ def _choose(self: OpenSpielEnvironment, opponent: str | None, agent_player: int 
     self.policy = pick_opponent(opponent or self.opponent)
     seat = self.agent_player if agent_player is None else agent_player
     if not 0 <= seat < self.num_players:
-        raise ValueError(f"agent_player must be a seat of {self.game_name}, 0 to {self.num_players - 1}; got {seat}")
+        raise ValueError(f"agent_player must be a seat of {self.game_name}, 0 to "
+                         f"{self.num_players - 1}; got {seat}")
     self.opponent, self.agent_player = opponent or self.opponent, seat
 
 # %% ../../nbs/envs/openspiel.ipynb #cf084880
@@ -191,7 +224,8 @@ def _play(self: OpenSpielEnvironment, action_id: int):
     s, me = self.gstate, self.agent_player
     if not s.is_simultaneous_node(): s.apply_action(action_id)
     else:
-        joint = [action_id if p == me else self.policy(s.legal_actions(p), self.rng) for p in range(self.num_players)]
+        joint = [action_id if p == me else self.policy(s.legal_actions(p), self.rng)
+                 for p in range(self.num_players)]
         self.last_opponent = [a for p, a in enumerate(joint) if p != me][-1]
         s.apply_actions(joint)
     self.moves += 1
@@ -199,7 +233,7 @@ def _play(self: OpenSpielEnvironment, action_id: int):
 # %% ../../nbs/envs/openspiel.ipynb #9b1dca39
 @patch
 def _gain(self: OpenSpielEnvironment) -> float:
-    "What the agent's return grew by since the last call: its reward for all that was played in between."
+    "What the agent's return grew by since the last call: its reward for all played in between."
     now = self.gstate.returns()[self.agent_player]
     gain, self.returns = now - self.returns, now
     return gain
@@ -214,27 +248,34 @@ def _observe(self: OpenSpielEnvironment, reward: float | None, # the reward for 
     legal = [] if over else s.legal_actions(me)
     phase = "terminal" if over else "initial" if self.moves == 0 else "playing"
     return self._apply_transform(OpenSpielObservation(
-        info_state=info_state(s, me), legal_actions=legal, game_phase=phase, current_player_id=s.current_player(),
+        info_state=info_state(s, me), legal_actions=legal, game_phase=phase,
+        current_player_id=s.current_player(),
         opponent_last_action=self.last_opponent, observation_string=observation_string(s, me),
-        action_names=[s.action_to_string(me, a) for a in legal], error=error, done=over, reward=reward))
+        action_names=[s.action_to_string(me, a) for a in legal], error=error, done=over,
+        reward=reward))
 
 # %% ../../nbs/envs/openspiel.ipynb #1b1d7b7c
 @patch
 def get_metadata(self: OpenSpielEnvironment) -> EnvironmentMetadata:
     "What `/metadata` reports: the game, the seats, and OpenSpiel's version."
-    return EnvironmentMetadata(name=f"openspiel:{self.game_name}", version=version("open_spiel"), documentation_url="https://openspiel.readthedocs.io",
-                               description=f"OpenSpiel's {self.game.get_type().long_name}: the agent plays seat {self.agent_player} of "
-                                           f"{self.num_players}, against the {self.opponent!r} policy")
+    return EnvironmentMetadata(name=f"openspiel:{self.game_name}", version=version("open_spiel"),
+                               documentation_url="https://openspiel.readthedocs.io",
+                               description=f"OpenSpiel's {self.game.get_type().long_name}: the "
+                                           f"agent plays seat {self.agent_player} of "
+                                           f"{self.num_players}, against the {self.opponent!r} "
+                                           "policy")
 
 # %% ../../nbs/envs/openspiel.ipynb #e3a1e454
 @patch
-async def reset_async(self: OpenSpielEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> OpenSpielObservation:
+async def reset_async(self: OpenSpielEnvironment, seed: int | None = None,
+                      episode_id: str | None = None, **kwargs) -> OpenSpielObservation:
     "`reset`, on the event loop: it never blocks."
     return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
 # %% ../../nbs/envs/openspiel.ipynb #4563b377
 @patch
-async def step_async(self: OpenSpielEnvironment, action: OpenSpielAction, timeout_s: float | None = None, **kwargs) -> OpenSpielObservation:
+async def step_async(self: OpenSpielEnvironment, action: OpenSpielAction,
+                     timeout_s: float | None = None, **kwargs) -> OpenSpielObservation:
     "`step`, on the event loop: it never blocks."
     return self.step(action, timeout_s=timeout_s, **kwargs)
 
@@ -245,31 +286,39 @@ def game_declarations(game: pyspiel.Game, # a loaded game
     "`reward_range` and `max_return` of one seat of `game`, when it pays only at its end; empty when it pays along the way."
     if game.get_type().reward_model != pyspiel.GameType.RewardModel.TERMINAL: return {}
     low, high = game.min_utility(), game.max_utility()
-    best = high if illegal_reward <= 0 else None  # a refused action that pays could be repeated without end
-    return {"reward_range": (min(low, 0.0, illegal_reward), max(high, 0.0, illegal_reward)), "max_return": best}
+    # a refused action that pays could be repeated without end
+    best = high if illegal_reward <= 0 else None
+    return {"reward_range": (min(low, 0.0, illegal_reward), max(high, 0.0, illegal_reward)),
+            "max_return": best}
 
 # %% ../../nbs/envs/openspiel.ipynb #5577348b
 @functools.cache
-def _game_class(game_name: str, params: str, opponent: str, agent_player: int, illegal_reward: float) -> type[OpenSpielEnvironment]:
+def _game_class(game_name: str, params: str, opponent: str, agent_player: int,
+                illegal_reward: float) -> type[OpenSpielEnvironment]:
     "The subclass for one game and set of options, made once (`params` is JSON)."
     stem = "".join(p[:1].upper() + p[1:] for p in game_name.split("_"))
     return type(f"OpenSpiel{stem}Environment", (OpenSpielEnvironment,), dict(
         game_declarations(load_game(game_name, json.loads(params)), illegal_reward),
-        game_name=game_name, game_params=json.loads(params), opponent=opponent, agent_player=agent_player,
-        illegal_reward=illegal_reward, __module__=__name__, __doc__=f"OpenSpiel's {game_name}, served."))
+        game_name=game_name, game_params=json.loads(params), opponent=opponent,
+        agent_player=agent_player,
+        illegal_reward=illegal_reward, __module__=__name__,
+        __doc__=f"OpenSpiel's {game_name}, served."))
 
 # %% ../../nbs/envs/openspiel.ipynb #b531b8e6
 def openspiel_env(game_name: str, # an OpenSpiel game, e.g. `"catch"`, `"tic_tac_toe"`, `"2048"`
-                  opponent: str = "random", # the other seats' policy, a key of `OPPONENTS` (a `reset` may change it)
+                  opponent: str = "random", # the other seats' policy, a key of `OPPONENTS`
                   agent_player: int = 0, # the agent's seat (a `reset` may change it)
-                  illegal_reward: float = -0.1, # the reward for an illegal action, which is not played
+                  illegal_reward: float = -0.1, # the reward for an illegal action (not played)
                   **game_params # the game's parameters, e.g. `rows=8` for catch
                  ) -> type[OpenSpielEnvironment]:
     "The `Environment` class serving OpenSpiel's `game_name`: give it to `create_app`."
     game = load_game(game_name, game_params)
     pick_opponent(opponent)
-    if not 0 <= agent_player < game.num_players(): raise ValueError(f"agent_player must be 0 to {game.num_players() - 1} for {game_name}, got {agent_player}")
-    return _game_class(game_name, json.dumps(game_params, sort_keys=True), opponent, agent_player, float(illegal_reward))
+    if not 0 <= agent_player < game.num_players():
+        raise ValueError(f"agent_player must be 0 to {game.num_players() - 1} for {game_name}, got "
+                         f"{agent_player}")
+    return _game_class(game_name, json.dumps(game_params, sort_keys=True), opponent, agent_player,
+                       float(illegal_reward))
 
 # %% ../../nbs/envs/openspiel.ipynb #bf31fdc7
 def make_openspiel_target(spec: str # what follows `openspiel:` in `openenv serve openspiel:SPEC`

@@ -1,4 +1,4 @@
-"""TextArena's text games, served: Wordle, Sudoku and a hundred more, one move of text per step, with upstream OpenEnv's fields on the wire.
+"""TextArena's text games, served: Wordle, Sudoku and a hundred more, a move of text per step.
 
 Docs: https://openenv-nb.github.io/openenv-nb/envs/textarena.html.md"""
 
@@ -34,43 +34,55 @@ from ..types import Action, EnvironmentMetadata, Observation, State
 
 # %% ../../nbs/envs/textarena.ipynb #363d3035
 class TextArenaMessage(BaseModel):
-    "One message a player saw: who sent it (`-1` is the game), its text, and TextArena's kind of message."
+    "A message a player saw: who sent it (`-1` is the game), its text, TextArena's kind of message."
     sender_id: int = Field(description="The sender: a player id, or -1 for the game")
     content: str = Field(description="The text")
-    category: str = Field(description="TextArena's kind: PROMPT, PLAYER_ACTION, GAME_MESSAGE, GAME_BOARD, GAME_ADMIN, ...")
+    category: str = Field(description="TextArena's kind: PROMPT, PLAYER_ACTION, GAME_MESSAGE, "
+                                      "GAME_BOARD, GAME_ADMIN, ...")
 
 # %% ../../nbs/envs/textarena.ipynb #318fdc56
 class TextArenaAction(Action):
     "A move, as text: `[crane]` in Wordle, `[5 3 7]` in Sudoku."
-    message: str = Field(description="The move as the game's prompt asks for it (most games want it in square brackets)")
+    message: str = Field(description="The move as the game's prompt asks for it (most games want "
+                                     "it in square brackets)")
 
 # %% ../../nbs/envs/textarena.ipynb #ce159410
 class TextArenaObservation(Observation):
-    "What the player to move sees: the game's instructions, the messages of the episode, and whose turn it is."
+    "What the player to move sees: the game's instructions, the episode's messages, whose turn."
     prompt: str = Field(default="", description="The game's instructions to the player to move")
-    messages: list[TextArenaMessage] = Field(default_factory=list, description="What that player has seen this episode, oldest first")
+    messages: list[TextArenaMessage] = Field(default_factory=list,
+                                             description="What that player has seen this episode, "
+                                                         "oldest first")
     current_player_id: int = Field(default=0, description="The player to move")
     legal_players: list[int] = Field(default_factory=list, description="The players of the game")
-    info: dict[str, Any] = Field(default_factory=dict, description="TextArena's step info; the outcome once the game ends; Wordle's per-turn reward signals")
+    info: dict[str, Any] = Field(default_factory=dict,
+                                 description="TextArena's step info; the outcome once the game "
+                                             "ends; Wordle's per-turn reward signals")
 
 # %% ../../nbs/envs/textarena.ipynb #a7aca101
 class TextArenaState(State):
     "An episode's bookkeeping, with TextArena's own state as JSON."
     env_id: str = Field(default="", description="The TextArena id, e.g. `Wordle-v0`")
     num_players: int = Field(default=1, ge=1, description="Players in the game")
-    max_turns: int | None = Field(default=None, description="Turns after which the episode is cut short; `None`: the game decides")
-    turn: int = Field(default=0, ge=0, description="TextArena's turn counter (an invalid move does not advance it)")
+    max_turns: int | None = Field(default=None, description="Turns after which the episode is cut "
+                                                            "short; `None`: the game decides")
+    turn: int = Field(default=0, ge=0, description="TextArena's turn counter (an invalid move does "
+                                                   "not advance it)")
     last_reward: float = Field(default=0.0, description="The reward of the last step")
-    last_info: dict[str, Any] = Field(default_factory=dict, description="The `info` of the last step")
-    raw_state: dict[str, Any] = Field(default_factory=dict, description="TextArena's state: game state, logs, rewards, roles (the secret too: keep it from the agent)")
+    last_info: dict[str, Any] = Field(default_factory=dict,
+                                      description="The `info` of the last step")
+    raw_state: dict[str, Any] = Field(default_factory=dict,
+                                      description="TextArena's state: game state, logs, rewards, "
+                                                  "roles (the secret too: keep it from the agent)")
 
 # %% ../../nbs/envs/textarena.ipynb #190bf1a3
-_LOCK = threading.RLock()  # TextArena's randomness and NLTK's downloader are process-wide: one TextArena call at a time
+# TextArena's randomness and NLTK's downloader are process-wide: one TextArena call at a time
+_LOCK = threading.RLock()
 
 @contextlib.contextmanager
 def own_random(rng: random.Random # the session's generator
               ):
-    "While inside, the `random` module draws from `rng`, which keeps where it got to; one thread at a time."
+    "While inside, `random` draws from `rng`, which keeps where it got to; one thread at a time."
     with _LOCK:
         outer = random.getstate()
         random.setstate(rng.getstate())
@@ -87,7 +99,8 @@ def no_downloads():
         finally: nltk.download = saved
 
 # %% ../../nbs/envs/textarena.ipynb #5824ce2e
-NLTK_DATA = {"words": "corpora/words", "averaged_perceptron_tagger_eng": "taggers/averaged_perceptron_tagger_eng"}  # all TextArena reads
+NLTK_DATA = {"words": "corpora/words",  # all TextArena reads
+             "averaged_perceptron_tagger_eng": "taggers/averaged_perceptron_tagger_eng"}
 
 def nltk_missing() -> list[str]:
     "The NLTK packages that TextArena's word games read and that are not installed here."
@@ -104,43 +117,52 @@ class MissingDataError(LookupError):
 # %% ../../nbs/envs/textarena.ipynb #aee08441
 def missing_data(env_id: str # the game that could not be made
                 ) -> MissingDataError:
-    "The error for a game whose NLTK data is missing: what to install, and how Wordle can do without."
+    "The error for a game missing NLTK data: what to install, and how Wordle can do without."
     names = " ".join(nltk_missing() or NLTK_DATA)
-    wordle = f" (or give Wordle its words: textarena_env({env_id!r}, words=[...]))" if env_id.startswith("Wordle") else ""
-    return MissingDataError(f"TextArena's {env_id} needs NLTK data that is not installed ({names}), and openenv-nb never "
-                            f"downloads at run time: install it once with `python -m nltk.downloader {names}`{wordle}")
+    wordle = (f" (or give Wordle its words: textarena_env({env_id!r}, words=[...]))"
+              if env_id.startswith("Wordle") else "")
+    return MissingDataError(f"TextArena's {env_id} needs NLTK data that is not installed "
+                            f"({names}), and openenv-nb never "
+                            "downloads at run time: install it once with `python -m "
+                            f"nltk.downloader {names}`{wordle}")
 
 # %% ../../nbs/envs/textarena.ipynb #38d7b133
-with no_downloads(): from textarena.envs.Wordle.env import WordleEnv  # its import would fetch NLTK's tagger when missing
+# its import would fetch NLTK's tagger when missing
+with no_downloads(): from textarena.envs.Wordle.env import WordleEnv
 
 # %% ../../nbs/envs/textarena.ipynb #ff291b79
 @functools.cache
 def english_dictionary(include_nltk: bool # add NLTK's words (needs its `words` corpus)
                       ) -> EnglishDictionary:
     "TextArena's English dictionary, built once per process."
-    with no_downloads(): return EnglishDictionary(keep_proper_nouns=False, include_nltk=include_nltk)
+    with no_downloads(): return EnglishDictionary(keep_proper_nouns=False,
+                                                  include_nltk=include_nltk)
 
 # %% ../../nbs/envs/textarena.ipynb #bdaa83e4
 class Wordle(WordleEnv):
-    "TextArena's Wordle, its secret drawn from `words` when given (else from NLTK's nouns), its dictionary shared."
-    def __init__(self, words: list[str] | None = None, # secret words to draw from; `None`: TextArena's own (needs NLTK's data)
+    "TextArena's Wordle, its secret from `words` if given (else NLTK's nouns), its dictionary shared."
+    def __init__(self, words: list[str] | None = None, # secrets to draw; `None`: TextArena's (needs NLTK)
                  word_length: int = 5, # letters in a word
                  num_guesses: int = 6, # guesses before the game is lost
-                 hardcore: bool = False # TextArena's list: NLTK's full English words rather than Basic English
+                 hardcore: bool = False # TextArena's: NLTK's full English, not Basic
                 ):
         # not `super().__init__()`: TextArena's loads NLTK's list and builds a dictionary each time
         self.word_length, self.num_guesses = word_length, num_guesses
         if words is None: self._load_word_list(hardcore=hardcore)
-        else: self.word_list = list(dict.fromkeys(w.lower() for w in words if len(w) == word_length and w.isalpha()))
-        if not self.word_list: raise ValueError(f"Wordle needs {word_length}-letter words to choose from, got {words!r}")
-        self.known, self.dictionary = set(self.word_list), english_dictionary(include_nltk=words is None)
+        else: self.word_list = list(dict.fromkeys(w.lower() for w in words if len(w) == word_length
+                                                  and w.isalpha()))
+        if not self.word_list: raise ValueError(f"Wordle needs {word_length}-letter words to "
+                                                f"choose from, got {words!r}")
+        self.known = set(self.word_list)
+        self.dictionary = english_dictionary(include_nltk=words is None)
 
-    def _check_word(self, word: str) -> bool: return word in self.known or self.dictionary.is_english_word(word)
+    def _check_word(self, word: str) -> bool:
+        return word in self.known or self.dictionary.is_english_word(word)
 
 # %% ../../nbs/envs/textarena.ipynb #542ef303
 def game_spec(env_id: str # a TextArena id, e.g. `"Wordle-v0"`
              ) -> EnvSpec:
-    "TextArena's registry entry for `env_id`; a `ValueError` naming the nearest ids when there is none."
+    "TextArena's registry entry for `env_id`; a `ValueError` naming the nearest ids if none."
     if env_id in ENV_REGISTRY: return ENV_REGISTRY[env_id]
     raise unknown_name("textarena", env_id, ENV_REGISTRY, "game")
 
@@ -157,7 +179,8 @@ def game_class(spec: EnvSpec # a registry entry
     module, name = spec.entry_point.split(":")
     try:
         with no_downloads(): cls = getattr(importlib.import_module(module), name)
-    except (ImportError, SyntaxError) as e: raise ImportError(f"TextArena's {spec.id} cannot be loaded here: {e}") from e
+    except (ImportError, SyntaxError) as e:
+        raise ImportError(f"TextArena's {spec.id} cannot be loaded here: {e}") from e
     return Wordle if cls is WordleEnv else cls
 
 # %% ../../nbs/envs/textarena.ipynb #bdf58db9
@@ -184,11 +207,12 @@ def to_message(m: tuple # TextArena's `(sender, text, kind)`
               ) -> TextArenaMessage:
     "A TextArena message, on the wire."
     sender, content, kind = m
-    return TextArenaMessage(sender_id=int(sender), content=str(content), category=getattr(kind, "name", str(kind)))
+    return TextArenaMessage(sender_id=int(sender), content=str(content),
+                            category=getattr(kind, "name", str(kind)))
 
 # %% ../../nbs/envs/textarena.ipynb #e764a400
 def jsonable(x: Any) -> Any:
-    "`x` as JSON values: keys made strings, tuples and sets lists, and anything else unknown its `str`."
+    "`x` as JSON values: keys made strings, tuples and sets lists, anything unknown its `str`."
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set, frozenset)): return [jsonable(v) for v in x]
     if x is None or isinstance(x, (str, int, float, bool)): return x
@@ -196,24 +220,29 @@ def jsonable(x: Any) -> Any:
 
 # %% ../../nbs/envs/textarena.ipynb #bc3b4fe2
 class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, TextArenaState]):
-    "A TextArena game, served: one move of text per step, the game's reward, the messages each player saw."
+    "A TextArena game, served: a move of text per step, the game's reward, what each player saw."
     SUPPORTS_CONCURRENT_SESSIONS = True
-    env_id: str | None = None  # these class defaults are set on the classes that `textarena_env` makes
+    # these class defaults are set on the classes that `textarena_env` makes
+    env_id: str | None = None
     game_kwargs: dict = {}
     num_players, max_turns, history = 1, None, True
 
-    def __init__(self, env_id: str | None = None, # a TextArena id, e.g. `"Wordle-v0"`; default the class's
-                 num_players: int | None = None, # players in the game (one session moves for each in turn)
+    def __init__(self, env_id: str | None = None, # a TextArena id (`"Wordle-v0"`); default the class's
+                 num_players: int | None = None, # players (one session moves for each in turn)
                  max_turns: int | None = None, # cut an episode short after this many turns
-                 history: bool | None = None, # `messages` hold the whole episode (else only what is new)
+                 history: bool | None = None, # `messages` hold the episode, else what is new
                  **kwargs # arguments for the game, over the class's (e.g. `words=` for Wordle)
                 ):
         super().__init__()
         self.env_id = env_id or self.env_id
-        if self.env_id is None: raise ValueError("TextArenaEnvironment needs an env_id, e.g. TextArenaEnvironment('Wordle-v0'), or a class from textarena_env()")
-        self.num_players, self.max_turns = num_players or self.num_players, max_turns or self.max_turns
+        if self.env_id is None: raise ValueError("TextArenaEnvironment needs an env_id, e.g. "
+                                                 "TextArenaEnvironment('Wordle-v0'), or a class "
+                                                 "from textarena_env()")
+        self.num_players = num_players or self.num_players
+        self.max_turns = max_turns or self.max_turns
         self.history = self.history if history is None else history
-        self.rng, self.game = random.Random(), make_game(self.env_id, **{**self.game_kwargs, **kwargs})
+        self.rng, self.game = random.Random(), make_game(self.env_id,
+                                                         **{**self.game_kwargs, **kwargs})
         self.inner, self.episode_id, self.done = unwrapped(self.game), None, False
         self.steps, self.last_reward, self.last_info = 0, 0.0, {}
 
@@ -222,15 +251,21 @@ class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, Te
               **kwargs) -> TextArenaObservation:
         "Start a game."
         try: self._call(self.game.reset, num_players=self.num_players, seed=seed)
-        except AssertionError as e: raise ValueError(f"{self.env_id} cannot start with num_players={self.num_players}: {e}") from None
-        self.episode_id, self.steps, self.done, self.seen, self.guesses = episode_id or str(uuid4()), 0, False, {}, []
+        except AssertionError as e:
+            raise ValueError(f"{self.env_id} cannot start with "
+                             f"num_players={self.num_players}: {e}") from None
+        self.episode_id, self.steps, self.done = episode_id or str(uuid4()), 0, False
+        self.seen, self.guesses = {}, []
         self.last_reward, self.last_info = 0.0, {}
         return self._observe(0.0, {})
 
-    def step(self, action: TextArenaAction, timeout_s: float | None = None, **kwargs) -> TextArenaObservation:
+    def step(self, action: TextArenaAction, timeout_s: float | None = None,
+             **kwargs) -> TextArenaObservation:
         "Play `action.message` for the player to move."
-        if self.episode_id is None: self.reset()  # as upstream, whose environment is reset when made
-        if self.done: raise ValueError(f"this episode of {self.env_id} is over: reset to play again")
+        # as upstream, whose environment is reset when made
+        if self.episode_id is None: self.reset()
+        if self.done:
+            raise ValueError(f"this episode of {self.env_id} is over: reset to play again")
         player = self.inner.state.current_player_id
         self.done, info = self._call(self.game.step, action.message)
         self.steps += 1
@@ -241,9 +276,11 @@ class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, Te
     def state(self) -> TextArenaState:
         s = getattr(self.inner, "state", None)  # TextArena makes it on the first reset
         return TextArenaState(episode_id=self.episode_id, step_count=self.steps, env_id=self.env_id,
-                              num_players=self.num_players, max_turns=self.max_turns, turn=getattr(s, "turn", 0),
+                              num_players=self.num_players, max_turns=self.max_turns,
+                              turn=getattr(s, "turn", 0),
                               last_reward=self.last_reward, last_info=self.last_info,
-                              raw_state=jsonable({k: getattr(s, k, None) for k in RAW_STATE}) if s else {})
+                              raw_state=jsonable({k: getattr(s, k, None) for k in RAW_STATE}) if s
+                              else {})
 
 # %% ../../nbs/envs/textarena.ipynb #c66cbae5
 @patch
@@ -257,7 +294,8 @@ def _call(self: TextArenaEnvironment, fn, *args, **kwargs):
 @patch
 def _observe(self: TextArenaEnvironment, reward: float, info: dict) -> TextArenaObservation:
     "What the player to move sees now."
-    player, new = self.inner.get_observation()  # the game's messages for that player since it last looked
+    # the game's messages for that player since it last looked
+    player, new = self.inner.get_observation()
     seen = self.seen.setdefault(player, [])
     seen.extend(to_message(m) for m in new)
     players = sorted(p for p in self.inner.state.role_mapping if isinstance(p, int) and p >= 0)
@@ -268,7 +306,9 @@ def _observe(self: TextArenaEnvironment, reward: float, info: dict) -> TextArena
         metadata={"env_id": self.env_id, "turn": self.inner.state.turn}))
 
 # %% ../../nbs/envs/textarena.ipynb #ccf5bf33
-RAW_STATE = ("turn", "game_state", "logs", "rewards", "done", "role_mapping", "game_info", "step_info")  # TextArena's state, in `raw_state`
+# TextArena's state, in `raw_state`
+RAW_STATE = ("turn", "game_state", "logs", "rewards", "done", "role_mapping", "game_info",
+             "step_info")
 
 # %% ../../nbs/envs/textarena.ipynb #48228c4d
 @patch
@@ -276,10 +316,11 @@ def _outcome(self: TextArenaEnvironment, player: int, # who moved
              message: str, # the move
              info: dict # TextArena's step info
             ) -> tuple[float, dict]:
-    "The step's reward for `player` and its `info`: the outcome at the end, the cut at `max_turns`, Wordle's signals."
+    "The step's reward for `player`, and `info`: the outcome, the cut at `max_turns`, Wordle's signals."
     s = self.inner.state
     reward = float((s.rewards or {}).get(player, 0.0))
-    if self.done: info.update(reason=s.game_info.get(player, {}).get("reason"), rewards=jsonable(s.rewards))
+    if self.done: info.update(reason=s.game_info.get(player, {}).get("reason"),
+                              rewards=jsonable(s.rewards))
     elif self.max_turns and s.turn >= self.max_turns: self.done, info["truncated"] = True, True
     if isinstance(self.inner, Wordle): info["reward_signals"] = self.wordle_signals(message, reward)
     return reward, jsonable(info)
@@ -309,14 +350,17 @@ def wordle_signals(self: TextArenaEnvironment, message: str, # the move
 @patch
 def get_metadata(self: TextArenaEnvironment) -> EnvironmentMetadata:
     "What `/metadata` reports: the game, its players, and TextArena's version."
-    return EnvironmentMetadata(name=f"textarena:{self.env_id}", version=ta.__version__, documentation_url="https://www.textarena.ai",
-                               description=f"TextArena's {self.env_id} for {self.num_players} player(s): a move of text per step")
+    return EnvironmentMetadata(name=f"textarena:{self.env_id}", version=ta.__version__,
+                               documentation_url="https://www.textarena.ai",
+                               description=f"TextArena's {self.env_id} for {self.num_players} "
+                                           "player(s): a move of text per step")
 
 # %% ../../nbs/envs/textarena.ipynb #c2c811a2
 @patch
 def answer(self: TextArenaEnvironment) -> str | None:
-    "The secret of the game just reset, which no observation may show before its end: Wordle's word; else `None`."
-    return self.inner.state.game_state["secret_word"] if isinstance(self.inner, Wordle) and self.episode_id else None
+    "The secret of the game just reset, which no observation may show: Wordle's word; else `None`."
+    return (self.inner.state.game_state["secret_word"]
+            if isinstance(self.inner, Wordle) and self.episode_id else None)
 
 # %% ../../nbs/envs/textarena.ipynb #d4cefd45
 @patch
@@ -334,9 +378,12 @@ def camel(env_id: str) -> str:
 @functools.cache
 def _env_class(env_id: str, options: str) -> type[TextArenaEnvironment]:
     opts = json.loads(options)
-    attrs = dict(env_id=env_id, num_players=opts.pop("num_players"), max_turns=opts.pop("max_turns"), history=opts.pop("history"))
-    game = unwrapped(make_game(env_id, **opts))  # once, here: a bad id or argument, or missing data, fails now, and Wordle's dictionary is built
-    if isinstance(game, Wordle): attrs.update(reward_range=(0.0, 1.0), max_return=1.0)  # what Wordle's rewards can be
+    attrs = dict(env_id=env_id, num_players=opts.pop("num_players"),
+                 max_turns=opts.pop("max_turns"), history=opts.pop("history"))
+    # once, here: a bad id or argument, or missing data, fails now, and Wordle's dictionary is built
+    game = unwrapped(make_game(env_id, **opts))
+    # what Wordle's rewards can be
+    if isinstance(game, Wordle): attrs.update(reward_range=(0.0, 1.0), max_return=1.0)
     return type(f"{camel(env_id)}Environment", (TextArenaEnvironment,), dict(
         attrs, game_kwargs=opts, __module__=__name__, __doc__=f"TextArena's {env_id}, served."))
 
@@ -344,7 +391,7 @@ def _env_class(env_id: str, options: str) -> type[TextArenaEnvironment]:
 def textarena_env(env_id: str, # a TextArena id, e.g. `"Wordle-v0"`
                   num_players: int = 1, # players in the game
                   max_turns: int | None = None, # cut episodes short after this many turns
-                  history: bool = True, # `messages` hold the whole episode (else only what is new)
+                  history: bool = True, # `messages` hold the episode, else what is new
                   **kwargs # the game's arguments (JSON values), e.g. `words=[...]` for Wordle
                  ) -> type[TextArenaEnvironment]:
     "The `Environment` class serving TextArena's `env_id`: give it to `create_app`."
@@ -360,16 +407,16 @@ def make_textarena_target(spec: str # what follows `textarena:` in `openenv serv
 
 # %% ../../nbs/envs/textarena.ipynb #d946fe8f
 class TextArenaEnv(EnvClient[TextArenaAction, TextArenaObservation, TextArenaState]):
-    "Client for a served TextArena game; `TextArenaEnv.from_local(\"Wordle-v0\")` serves one on this machine."
+    "Client for a served TextArena game; `TextArenaEnv.from_local(\"Wordle-v0\")` serves one here."
     default_target = "textarena:Wordle-v0"
 
 # %% ../../nbs/envs/textarena.ipynb #2ac2f410
 @patch(cls_method=True)
 def from_local(cls: TextArenaEnv, env_id: str = "Wordle-v0", # a TextArena id
                max_sessions: int = 64, # sessions the server will hold
-               options: dict | None = None, # `textarena_env` arguments, e.g. `{"words": [...]}` or `{"num_players": 2}`
+               options: dict | None = None, # `textarena_env` arguments: `{"num_players": 2}`
                **kwargs # passed on to the client
               ) -> TextArenaEnv:
-    "A client for `env_id` served in a subprocess on this machine (`openenv serve textarena:ENV_ID`), started on `connect`."
+    "A client for `env_id` served in a subprocess here (`openenv serve textarena:ENV_ID`) on `connect`."
     target = "textarena:" + join_spec(env_id, **(options or {}))
     return EnvClient.from_local.__func__(cls, target, max_sessions=max_sessions, **kwargs)
