@@ -42,9 +42,10 @@ serve(app, port=int(sys.argv[1]), log_level="warning", announce=False)
 OURS_VARIANT = """
 import sys
 import openenv_nb.server as S
+import openenv_nb.sessions as SS
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment
 from openenv_nb.types import loads, to_envelope
-app, kind, full = S.create_app(EchoEnvironment, max_concurrent_envs=64), sys.argv[2], S.Session.handle
+app, kind, full = S.create_app(EchoEnvironment, max_concurrent_envs=64), sys.argv[2], SS.Session.handle
 if kind == "canned":
     frame = {"type": "observation", "data": to_envelope(EchoEnvironment().step(EchoAction(message="hi")))}
     async def handle(self, text): return frame
@@ -54,7 +55,7 @@ else:
         m = loads(text)
         if m.get("type") != "step": return await full(self, text)
         return {"type": "observation", "data": to_envelope(self.env.step(check(m["data"])))}
-S.Session.handle = handle
+SS.Session.handle = handle
 S.serve(app, port=int(sys.argv[1]), log_level="warning", announce=False)
 """
 

@@ -39,14 +39,6 @@ class CommandError(Exception):
 # %% ../nbs/07_cli.ipynb #5d0e5684
 FAILURES = (CommandError, TargetError, ManifestError, ScaffoldError, PushError, SandboxError)  # what `main` prints as one line
 
-# %% ../nbs/07_cli.ipynb #5e55a0c1
-def _sessions(a: Namespace, obj) -> int:
-    "How many sessions to serve: `--max-sessions`, else `MAX_CONCURRENT_ENVS`, else what the environment derives, else 64."
-    if a.max_sessions: return a.max_sessions
-    if env := os.environ.get("MAX_CONCURRENT_ENVS", "").strip(): return int(env)
-    derive = getattr(obj, "default_max_sessions", None)
-    return derive() if callable(derive) else 64
-
 # %% ../nbs/07_cli.ipynb #db717ade
 def _app_and_port(a: Namespace) -> tuple:
     "The app `openenv serve` runs for the arguments `a`, and the port: `--port`, else the project's, else 8000."
@@ -56,7 +48,7 @@ def _app_and_port(a: Namespace) -> tuple:
             max_session_age=getattr(a, "max_session_age", None), max_connections=getattr(a, "max_connections", None),
             max_body=getattr(a, "max_body", None), max_timeout_s=getattr(a, "max_timeout", None),
             max_message_size=getattr(a, "max_message_size", None)).items() if v is not None}
-    app = app_for(obj, m, _sessions(a, obj), a.session_timeout or None, web=True if a.web else None, **door)
+    app = app_for(obj, m, a.max_sessions, a.session_timeout or None, web=True if a.web else None, **door)
     return app, a.port if a.port is not None else m.port if m is not None else 8000
 
 # %% ../nbs/07_cli.ipynb #02889367
@@ -259,8 +251,9 @@ def _serve_parser(sub):
                                    "(an Environment class, a factory, or an app)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it (default: the project's, else 8000)")
-    s.add_argument("--max-sessions", type=int, default=None, help="concurrent WebSocket sessions (default: $MAX_CONCURRENT_ENVS, "
-                   "else what the environment derives from its memory cap, else 64)")
+    s.add_argument("--max-concurrent-envs", "--max-sessions", dest="max_sessions", type=int, default=None, metavar="N",
+                   help="environments held at once (default: $MAX_CONCURRENT_ENVS, else what the environment derives, "
+                   "else 64; 1 for one that does not declare concurrent sessions)")
     s.add_argument("--session-timeout", type=float, default=300.0, help="idle seconds before a session is reaped; 0 never (default: %(default)s)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--web", action="store_true", help="serve the web interface at /web (also: ENABLE_WEB_INTERFACE=true)")

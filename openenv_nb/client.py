@@ -142,7 +142,7 @@ def blocking(r # a call's result, or its coroutine
     return run_sync(r) if inspect.iscoroutine(r) else r
 
 # %% ../nbs/03_client.ipynb #668d9540
-WANTED = ("request-id", "metadata")  # extensions this client uses when the server offers them
+WANTED = ("request-id", "step-kwargs")  # extensions this client uses when the server offers them
 SESSION_ENDING = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}  # the server closes the socket after these
 
 # %% ../nbs/03_client.ipynb #281c00dc
@@ -416,9 +416,14 @@ async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
 @patch
 @autosync
 async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
-    "Apply `action` (an instance of the action class, or a dict of its fields)."
-    return self._parse_result(await self._request({"type": "step",
-                                                   "data": self._step_payload(action)}))
+    "Apply `action` (an instance of its action class, or a dict of its fields); `kwargs` (`timeout_s=`) go along."
+    msg = {"type": "step", "data": self._step_payload(action)}
+    if kwargs and "step-kwargs" not in self.extensions:
+        raise TypeError(f"This server takes no step arguments over WebSocket ({', '.join(kwargs)}): it does not "
+                        "offer the 'step-kwargs' extension (an OpenEnv server ignores them); use HTTPEnvClient, "
+                        "or leave them out")
+    if kwargs: msg["kwargs"] = kwargs
+    return self._parse_result(await self._request(msg))
 
 # %% ../nbs/03_client.ipynb #4852e583
 @patch

@@ -9,10 +9,9 @@ __all__ = ['RESERVED_TOOL_NAMES', 'TOOL_ACTIONS', 'FastMCP', 'PARSE_ERROR', 'INV
            'INVALID_PARAMS', 'INTERNAL_ERROR', 'SERVER_ERROR', 'PROTOCOL_VERSIONS', 'METHODS', 'Tool', 'ToolErrorType',
            'ToolError', 'ListToolsAction', 'CallToolAction', 'ListToolsObservation', 'ToolResult',
            'CallToolObservation', 'parse_action', 'summary', 'arg_docs', 'param_docs', 'clean_schema', 'check_name',
-           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'resumed', 'within',
-           'context_param', 'server_tools', 'with_context', 'fastmcp_context', 'tool', 'new_episode_id', 'ToolSession',
-           'MCPEnvironment', 'lazy', 'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request',
-           'RpcCall', 'mcp_result', 'rpc']
+           'FunctionTool', 'function_tool', 'ToolCallError', 'tool_result', 'ToolSet', 'context_param', 'server_tools',
+           'with_context', 'fastmcp_context', 'tool', 'new_episode_id', 'ToolSession', 'MCPEnvironment',
+           'MCPEchoEnvironment', 'RpcError', 'rpc_result', 'rpc_error', 'parse_request', 'RpcCall', 'mcp_result', 'rpc']
 
 # %% ../nbs/01b_mcp.ipynb #a96caa8d
 import asyncio
@@ -35,6 +34,7 @@ from fastcore.docments import docments
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
+from .aio import lazy, within
 from .environment import Environment
 from .types import Action, Observation, State
 
@@ -316,30 +316,6 @@ def _checked(self: ToolSet, name: str, arguments: dict | None, mode: str | None 
         why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'arguments'}: {x['msg']}" for x in errors)
         raise ToolCallError(ToolErrorType.INVALID_ARGS, f"Invalid arguments for tool {name!r}: {why}", errors) from None
 
-# %% ../nbs/01b_mcp.ipynb #93f406d2
-@types.coroutine
-def resumed(coro, waiting):
-    "Drive `coro` on from its first suspension, where it waits on `waiting` (what it yields goes to the task)."
-    while True:
-        try: sent = yield waiting
-        except BaseException as e:
-            try: waiting = coro.throw(e)
-            except StopIteration as stop: return stop.value
-        else:
-            try: waiting = coro.send(sent)
-            except StopIteration as stop: return stop.value
-
-# %% ../nbs/01b_mcp.ipynb #17ee96f2
-async def within(coro: Awaitable, # a coroutine, not yet started
-                 limit: float | None # seconds it may take; `None` (or 0) for no limit
-                ) -> Any:
-    "What `coro` returns, or `TimeoutError` after `limit` seconds; the timer is armed only if `coro` waits."
-    if not limit: return await coro
-    deadline = asyncio.get_running_loop().time() + limit
-    try: waiting = coro.send(None)
-    except StopIteration as stop: return stop.value
-    async with asyncio.timeout_at(deadline): return await resumed(coro, waiting)
-
 # %% ../nbs/01b_mcp.ipynb #a12d01c6
 @patch
 async def call_tool_async(self: ToolSet, name: str, # the tool
@@ -485,16 +461,6 @@ class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
     def state(self) -> State:
         "The episode's id and its step count; every step counts, tool steps too."
         return self._state
-
-# %% ../nbs/01b_mcp.ipynb #86c86901
-class lazy:
-    "An attribute computed by `fn(obj)` on first use and kept on the instance: `functools.cached_property` without its lock (3.11's)."
-    def __init__(self, fn: Callable): self.fn, self.name = fn, fn.__name__
-    def __set_name__(self, owner, name): self.name = name
-    def __get__(self, obj, cls=None):
-        if obj is None: return self
-        value = obj.__dict__[self.name] = self.fn(obj)
-        return value
 
 # %% ../nbs/01b_mcp.ipynb #06a3cc92
 @patch_to(MCPEnvironment)

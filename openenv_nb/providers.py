@@ -103,7 +103,7 @@ class LocalProcessProvider(Provider):
     def __init__(self, target: str = "echo", # `"echo"`, `"module:factory"` or `"module:app"`
                  host: str = "127.0.0.1", # address to bind
                  port: int = 0, # port, `0` for a free one
-                 max_sessions: int = 64, # `--max-sessions` of the server
+                 max_sessions: int | None = None, # `--max-sessions` of the server; `None`: its own (`server.capacity`)
                  startup_timeout_s: float = 30.0, # limit on reaching a healthy `/health`
                  env_vars: dict | None = None, # extra environment variables for the server
                  args: list[str] = (), # extra `openenv serve` arguments
@@ -117,7 +117,8 @@ class LocalProcessProvider(Provider):
 def command(self: LocalProcessProvider) -> list[str]:
     "The command line that starts the server."
     return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host, "--port", str(self.port),
-            "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.args]
+            "--log-level", "warning",
+            *([] if self.max_sessions is None else ["--max-sessions", str(self.max_sessions)]), *self.args]
 
 # %% ../nbs/04_providers.ipynb #1da41c8f
 @patch
@@ -263,7 +264,7 @@ def host_network(client # the docker SDK's client
 class DockerProvider(Provider):
     "Serve an environment from a Docker image: one container, one server."
     def __init__(self, image: str, # an image built by `openenv build`, e.g. `"openenv-echo"`
-                 max_sessions: int = 64, # `MAX_SESSIONS` of the server
+                 max_sessions: int | None = None, # `MAX_SESSIONS` of the server; `None`: its own
                  env_vars: dict | None = None, # more environment variables for the container
                  network: str | None = None, # `"host"`, or a network whose container port is published; default: the host's where there is no bridge
                  port: int | None = None, # the port on this machine; default a free one
@@ -320,7 +321,7 @@ def _create(self: DockerProvider, client, host_net: bool):
     import docker
     self.port = (self.port_wanted or free_port()) if host_net else None
     env = {"HOST": "127.0.0.1" if host_net else "0.0.0.0", "PORT": str(self.port or 8000),
-           "MAX_SESSIONS": str(self.max_sessions), **self.env_vars}
+           **({} if self.max_sessions is None else {"MAX_SESSIONS": str(self.max_sessions)}), **self.env_vars}
     kw = dict(environment=env, labels={LABEL: "1", OWNER_LABEL: owner_id(), "openenv-nb.image": self.image, **self.labels})
     if host_net: kw["network_mode"] = "host"
     else:

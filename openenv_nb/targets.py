@@ -134,10 +134,11 @@ def resolve(target: str | Path # a project folder (or its `openenv.yaml`), a bui
     raise TargetError(_unknown(t))
 
 # %% ../nbs/11a_targets.ipynb #ad2bd1b1
-@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name", "max_concurrent_envs", "session_timeout", "metadata", "web"])
+@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name", "max_concurrent_envs",
+                            "session_timeout", "metadata", "web"])
 def app_for(obj: Any, # an `Environment` class, a factory, or an app
             manifest: Manifest | None = None, # the project's manifest, if `obj` came from one
-            max_sessions: int = 64, # `max_concurrent_envs` of the server
+            max_concurrent_envs: int | None = None, # environments held at once; `None`: see `server.capacity`
             session_timeout: float | None = 300.0, # idle seconds before a session is reaped
             web: bool | None = None, # serve the web interface (`None`: as `ENABLE_WEB_INTERFACE` says)
             **kwargs # more of `create_app`'s options: `token`, `allow_origins`, `max_body`, ...
@@ -145,9 +146,8 @@ def app_for(obj: Any, # an `Environment` class, a factory, or an app
     "The ASGI app that serves `obj`."
     is_env = isinstance(obj, type) and issubclass(obj, Environment)
     if not is_env and hasattr(obj, "router"): return obj
-    if is_env and not obj.SUPPORTS_CONCURRENT_SESSIONS: max_sessions = 1
     meta = manifest.metadata() if manifest is not None and is_env and not overrides(obj, "get_metadata") else None
-    return create_app(obj, max_concurrent_envs=max_sessions, session_timeout=session_timeout, web=web, metadata=meta,
+    return create_app(obj, max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout, web=web, metadata=meta,
                       env_name=manifest.name if manifest is not None else None, **kwargs)
 
 # %% ../nbs/11a_targets.ipynb #3212ebb6

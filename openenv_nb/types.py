@@ -81,8 +81,7 @@ class StepRequest(BaseModel):
 # %% ../nbs/00_types.ipynb #4adf7b83
 _LIFTED = {"reward", "done"}
 
-def to_envelope(obs: Observation, # the observation an environment returned
-                metadata: bool = True # unused: kept for callers of the old `metadata` extension
+def to_envelope(obs: Observation # the observation an environment returned
                ) -> dict:
     "The wire form of `obs`, as OpenEnv 0.10 sends it: `{observation, reward, done}`, any `metadata`."
     # `model_dump` without its wrapper

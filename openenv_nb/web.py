@@ -24,7 +24,9 @@ from fastcore.basics import patch_to
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketState
 
-from .actions import ENVELOPE, KINDS, Hub, IdleTimer, act, chosen_protocol, http_reply, reply
+from .actions import ENVELOPE, KINDS, Hub, act, http_reply
+from .doors import chosen_protocol
+from .messages import IdleTimer, reply
 from .environment import Environment
 from .forms import form_fields, image_fields, is_tool_action, reward_parts, tool_forms, tool_spec
 from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame
@@ -285,7 +287,7 @@ async def call(self, kind: str, # a kind of call (see `actions.KINDS`)
     "The reply to a call on the room's episode; a reset or step goes in the history, to its pages."
     async with self.lock:
         if (no := self.claim()) is not None: return no
-        frame = await act(self.hub, self.environment, kind, data, True, **extra)
+        frame = await act(self.hub, self.environment, kind, data, **extra)
         if frame["type"] == "observation":
             entry = self.record(kind, _shown(KINDS[kind].check(self.hub, data)), frame["data"])
             await self.broadcast({"type": "update", "data": {"entry": entry, "episode": self.episode}})

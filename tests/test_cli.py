@@ -275,3 +275,39 @@ def test_build_runs_and_validates_a_new_project(tmp_path, docker_engine):
             assert report["passed"], report["summary"]
     finally:
         with contextlib.suppress(Exception): client.images.remove(tag, force=True)
+
+
+from argparse import Namespace  # noqa: E402
+
+from openenv_nb.envs.echo import EchoEnvironment  # noqa: E402
+
+
+class Sized(EchoEnvironment):
+    "A class that derives its own capacity, as the coding environment does from its memory cap."
+    @classmethod
+    def default_max_sessions(cls): return 5
+
+
+class Lone(EchoEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = False
+
+
+@pytest.mark.parametrize("cls, env, want", [(EchoEnvironment, None, 64), (Sized, None, 5), (Lone, None, 1),
+                                            (EchoEnvironment, "7", 7), (Sized, "7", 7), (Lone, "7", 1)])
+def test_capacity_is_decided_once(cls, env, want, monkeypatch):
+    "`create_app`, `targets.app_for` and `openenv serve` serve the same capacity: `server.capacity`'s."
+    from openenv_nb.cli import _app_and_port
+    from openenv_nb.server import create_app
+    from openenv_nb.targets import app_for
+    if env is None: monkeypatch.delenv("MAX_CONCURRENT_ENVS", raising=False)
+    else: monkeypatch.setenv("MAX_CONCURRENT_ENVS", env)
+    cli = _app_and_port(Namespace(target=f"test_cli:{cls.__name__}", max_sessions=None, session_timeout=0, web=False, port=0))[0]
+    got = [create_app(cls).state.hub.max_sessions, app_for(cls).state.hub.max_sessions, cli.state.hub.max_sessions]
+    assert got == [want] * 3
+    ask = [lambda: create_app(cls, max_sessions=3), lambda: app_for(cls, max_concurrent_envs=3),
+           lambda: _app_and_port(Namespace(target=f"test_cli:{cls.__name__}", max_sessions=3, session_timeout=0, web=False, port=0))[0]]
+    if cls is Lone:  # asked for more than it declares: refused alike
+        from openenv_nb.server import ConcurrencyError
+        for make in ask:
+            with pytest.raises(ConcurrencyError): make()
+    else: assert [make().state.hub.max_sessions for make in ask] == [3] * 3

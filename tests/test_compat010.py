@@ -1300,12 +1300,7 @@ def test_task_api(ours):
     assert s.get(plain + "/plain/splits").status_code == 501
 
 
-class NoCapacityFlag(LocalProcessProvider):
-    """`openenv serve` without `--max-sessions`, so that MAX_CONCURRENT_ENVS decides."""
-    def command(self):
-        cmd = super().command()
-        i = cmd.index("--max-sessions")
-        return cmd[:i] + cmd[i + 2:]
+NoCapacityFlag = LocalProcessProvider  # without `max_sessions`, `openenv serve` gets no `--max-sessions`: MAX_CONCURRENT_ENVS decides
 
 
 async def _open_sessions(url, n):
@@ -1323,7 +1318,7 @@ async def _open_sessions(url, n):
 
 @pytest.mark.parametrize("env, sessions, refused", [({"MAX_CONCURRENT_ENVS": "2"}, 3, 1), ({}, 8, 0)])
 def test_max_concurrent_envs(env, sessions, refused, monkeypatch):
-    """MAX_CONCURRENT_ENVS sets `openenv serve`'s capacity, 8 by default, as upstream's environment apps read it."""
+    """MAX_CONCURRENT_ENVS sets `openenv serve`'s capacity, as upstream's environment apps read it (64 without it)."""
     monkeypatch.delenv("MAX_CONCURRENT_ENVS", raising=False)
     p = NoCapacityFlag("echo", env_vars=env)
     url = p.start()

@@ -439,7 +439,7 @@ def rpc_body(method: str, rid: int = 1, **params) -> str:
 def test_idle_http_session_is_reaped_and_frees_its_slot():
     "An HTTP MCP session unused for `session_timeout` is closed by the reaper (awaited here: no sleep), and its slot is free."
     from openenv_nb.actions import Hub
-    from openenv_nb.server import reap_idle, rpc_once, serve_tools
+    from openenv_nb.mcp_sessions import reap_idle, rpc_once, serve_tools
 
     async def run():
         hub = Hub(MCPEchoEnvironment, CallToolAction, CallToolObservation, max_sessions=1, session_timeout=0.05)

@@ -54,8 +54,9 @@ def test_episode_matches_protocol_example(echo_url):
 
 def test_extensions_are_negotiated(echo_url):
     async def go():
-        async with connect(ws_url(echo_url), additional_headers={"x-openenv-extensions": "metadata"}) as ws:
-            assert set(ws.response.headers["x-openenv-extensions"].split(", ")) >= {"request-id", "metadata"}
+        async with connect(ws_url(echo_url), additional_headers={"x-openenv-extensions": "metadata"}) as ws:  # an old client
+            offered = set(ws.response.headers["x-openenv-extensions"].split(", "))
+            assert offered >= {"request-id", "step-kwargs"} and "metadata" not in offered  # metadata is no extension: always sent
             await ws.send(json.dumps({"type": "reset", "id": "a"}))
             await ws.send(json.dumps({"type": "step", "data": {"message": "yo"}, "id": 42}))
             return [json.loads(await ws.recv()) for _ in range(2)]
@@ -227,3 +228,37 @@ def test_pipelined_frames_are_all_answered_in_order(echo_url):
             for k in range(200): await ws.send(json.dumps({"type": "step", "data": {"message": f"m{k}"}}))
             return [json.loads(await ws.recv())["data"]["observation"]["echoed_message"] for _ in range(200)]
     assert asyncio.run(run()) == [f"m{k}" for k in range(200)]
+
+
+class Timed(EchoEnvironment):
+    """Echo that says, in its metadata, the `timeout_s` its step was given."""
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        obs.metadata["timeout_s"] = timeout_s
+        return obs
+
+
+def test_ws_step_sends_its_keyword_arguments():
+    "`EnvClient.step(action, timeout_s=...)` over WebSocket reaches the environment (`step-kwargs`), cut to the server's cap."
+    with serve_in_thread(create_app(Timed, max_timeout_s=10)) as url:
+        async def run():
+            async with EchoEnv(url) as env:
+                assert "step-kwargs" in env.extensions
+                await env.reset()
+                given = (await env.step(EchoAction(message="hi"), timeout_s=2.5)).observation.metadata["timeout_s"]
+                capped = (await env.step(EchoAction(message="hi"), timeout_s=600)).observation.metadata["timeout_s"]
+                plain = (await env.step(EchoAction(message="hi"))).observation.metadata["timeout_s"]
+                return given, capped, plain
+        assert asyncio.run(run()) == (2.5, 10, None)
+
+
+def test_ws_step_refuses_keyword_arguments_a_server_does_not_take():
+    "Against a server that does not offer `step-kwargs` (an OpenEnv one), they are refused, never dropped."
+    with serve_in_thread(create_app(Timed)) as url:
+        async def run():
+            class OldEcho(EchoEnv): wanted = ("request-id",)  # as a client that does not know the extension
+            async with OldEcho(url) as env:
+                await env.reset()
+                with pytest.raises(TypeError, match="step-kwargs"): await env.step(EchoAction(message="hi"), timeout_s=2)
+        asyncio.run(run())

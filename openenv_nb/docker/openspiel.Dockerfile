@@ -25,8 +25,8 @@ WORKDIR /home/openenv
 # set it here (it would stay in the image) nor pass it as an argument (`ps` and `docker inspect` would show it).
 
 # what to serve, and where to listen: containers sharing the host's network are each given their own PORT
-ENV OPENENV_TARGET=openspiel:catch HOST=0.0.0.0 PORT=8000 MAX_SESSIONS=64 LOG_LEVEL=info
+ENV OPENENV_TARGET=openspiel:catch HOST=0.0.0.0 PORT=8000 LOG_LEVEL=info
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"]
-CMD ["sh", "-c", "exec openenv serve \"$OPENENV_TARGET\" --host \"$HOST\" --port \"$PORT\" --max-sessions \"$MAX_SESSIONS\" --log-level \"$LOG_LEVEL\""]
+CMD ["sh", "-c", "exec openenv serve \"$OPENENV_TARGET\" --host \"$HOST\" --port \"$PORT\" ${MAX_SESSIONS:+--max-sessions \"$MAX_SESSIONS\"} --log-level \"$LOG_LEVEL\""]
