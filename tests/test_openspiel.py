@@ -162,7 +162,7 @@ def test_game_parameters_and_unknown_games():
     assert len(obs.info_state) == 18 and obs.observation_string.count("\n") == 6
     assert make_openspiel_target("catch?rows=6&columns=3") is Catch
     assert make_openspiel_target("tic_tac_toe?opponent=first&agent_player=1")().reset(seed=0).opponent_last_action == 0
-    with pytest.raises(ValueError, match="OpenSpiel has no game 'chekers'"): openspiel_env("chekers")
+    with pytest.raises(ValueError, match="openspiel has no game 'chekers'; did you mean checkers"): openspiel_env("chekers")
     with pytest.raises(pyspiel.SpielError, match="Unknown parameter"): openspiel_env("catch", rowz=3)
     with pytest.raises(ValueError, match="agent_player must be 0 to 1"): make_openspiel_target("tic_tac_toe?agent_player=2")
 

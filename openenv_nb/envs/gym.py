@@ -475,7 +475,8 @@ def gym_env(env_id: str, # a registered id, e.g. `"CartPole-v1"`
             **kwargs # `gym.make` arguments (JSON values), e.g. `render_mode="rgb_array"`
            ) -> type[GymEnvironment]:
     "The `Environment` class serving `env_id`, for `create_app`; an unknown id names the nearest."
-    if env_id not in gym.registry: raise unknown_name("gym", env_id, gym.registry)
+    try: gym.spec(env_id)  # an old version of a known id gets Gymnasium's own reason (`DeprecatedEnv`)
+    except gym.error.NameNotFound: raise unknown_name("gym", env_id, gym.registry) from None
     return _env_class(env_id, json.dumps(kwargs, sort_keys=True), inline)
 
 # %% ../../nbs/envs/gym.ipynb #d7aa3d28
