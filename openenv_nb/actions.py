@@ -29,7 +29,8 @@ from .doors import Doors
 from .environment import Environment, overrides
 from .mcp import CallToolAction, ListToolsAction, RpcError, parse_action, rpc
 from .rubrics import rubric_scores
-from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State,
+from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation,
+                              ResetRequest, State,
                               error_frame, to_envelope)
 
 # %% ../nbs/01a_actions.ipynb #02fd4629
@@ -80,7 +81,8 @@ async def call_env(env: Environment, # the session's environment
 
 # %% ../nbs/01a_actions.ipynb #5acdc59a
 _log = logging.getLogger("openenv_nb.actions")
-QUICK_S, QUICK_RUNS = 0.001, 8  # a factory that ran this quickly this many times in a row is called on the event loop
+# a factory that ran this quickly this many times in a row is called on the event loop
+QUICK_S, QUICK_RUNS = 0.001, 8
 
 # %% ../nbs/01a_actions.ipynb #930c5afe
 class Hub:
@@ -104,9 +106,11 @@ class Hub:
         self.max_connections = max_connections or max_sessions + 64
         self.doors = doors or Doors(max_body=max_message_size)
         self.reset_observation_cls = reset_observation_cls or observation_cls
-        self._pool, self.active, self.connections = None, 0, 0  # see `pool`; environments held; WebSockets open
+        # see `pool`; environments held; WebSockets open
+        self._pool, self.active, self.connections = None, 0, 0
         self.quick, self.quick_s = 0, QUICK_S  # see `make_env`
-        # MCP (see `mcp_sessions`): tool actions, the JSON-RPC session methods and what `initialize` reports
+        # MCP (see `mcp_sessions`): tool actions, the JSON-RPC session methods and what `initialize`
+        # reports
         self.tools, self.rpc_methods, self.rpc_info = False, {}, None
         self.sessions: dict[str, Environment] = {}  # the HTTP MCP sessions, by id
         self.attached: set[str] = set()  # those a `/ws?session_id=` socket holds
@@ -118,7 +122,8 @@ class Hub:
 @patch_to(Hub, as_prop=True)
 def pool(self) -> ThreadPoolExecutor:
     "The thread pool for blocking environment calls, made on first use (threads start only as needed)."
-    if self._pool is None: self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="openenv-env")
+    if self._pool is None: self._pool = ThreadPoolExecutor(self.workers,
+                                                           thread_name_prefix="openenv-env")
     return self._pool
 
 # %% ../nbs/01a_actions.ipynb #c5a7acdb
@@ -140,7 +145,8 @@ async def make_env(self) -> Environment:
     "A new environment, built in the thread pool, or on the event loop once the factory has proven quick (see below)."
     if self.quick >= QUICK_RUNS:
         try: env, took = _timed(self.factory)
-        except Exception: self.quick = -1  # it cannot run on the loop (it may start a loop of its own): the pool from now on
+        # it cannot run on the loop (it may start a loop of its own): the pool from now on
+        except Exception: self.quick = -1
         else:
             if took > self.quick_s: self.quick = 0
             return env
@@ -152,7 +158,8 @@ async def make_env(self) -> Environment:
 @patch_to(Hub)
 async def close_env(self, env: Environment):
     "Close `env` in the thread pool (nothing to do when it keeps `Environment`'s empty `close`), logging (never raising) what `close` raised."
-    if getattr(type(env), "close", None) is Environment.close and "close" not in getattr(env, "__dict__", ()): return
+    if getattr(type(env), "close", None) is Environment.close and "close" not in getattr(env, "__dict__", ()):
+        return
     try: await asyncio.get_running_loop().run_in_executor(self.pool, env.close)
     except Exception: _log.exception("closing %s failed", type(env).__name__)
 
@@ -168,7 +175,8 @@ def invalid(message: str, # what was invalid, for a person
             e: ValidationError # what pydantic found
            ) -> dict:
     "A `VALIDATION_ERROR` frame carrying pydantic's list of errors, made safe for JSON."
-    return error_frame(ErrorCode.VALIDATION_ERROR, message, errors=json.loads(e.json(include_url=False)))
+    return error_frame(ErrorCode.VALIDATION_ERROR, message,
+                       errors=json.loads(e.json(include_url=False)))
 
 # %% ../nbs/01a_actions.ipynb #944d7777
 def raised(e: BaseException) -> dict:
@@ -179,14 +187,17 @@ def raised(e: BaseException) -> dict:
 def factory_error(hub: Hub, e: BaseException) -> dict:
     "The `FACTORY_ERROR` frame for a factory that raised `e`, logged."
     _log.error("environment factory failed: %s: %s", type(e).__name__, e)
-    return error_frame(ErrorCode.FACTORY_ERROR, f"Could not create the environment: {type(e).__name__}: {e}",
+    return error_frame(ErrorCode.FACTORY_ERROR,
+                       f"Could not create the environment: {type(e).__name__}: {e}",
                        factory_name=getattr(hub.factory, "__name__", repr(hub.factory)))
 
 # %% ../nbs/01a_actions.ipynb #683eb0aa
 def at_capacity(hub: Hub) -> dict:
     "The `CAPACITY_REACHED` frame for a server whose environments are all in use, in OpenEnv's words."
-    return error_frame(ErrorCode.CAPACITY_REACHED, f"Server at capacity: {hub.active}/{hub.max_sessions} sessions active. "
-                       "Cannot accept new connections.", active_sessions=hub.active, max_sessions=hub.max_sessions)
+    return error_frame(ErrorCode.CAPACITY_REACHED,
+                       f"Server at capacity: {hub.active}/{hub.max_sessions} sessions active. "
+                       "Cannot accept new connections.", active_sessions=hub.active,
+                       max_sessions=hub.max_sessions)
 
 # %% ../nbs/01a_actions.ipynb #e864c145
 @dataclass(frozen=True)
@@ -243,7 +254,8 @@ async def _metadata(hub: Hub, env: Environment, args=None, **extra) -> dict:
     return {"type": "metadata", "data": hub.metadata.model_dump(mode="json")}
 
 # %% ../nbs/01a_actions.ipynb #6a89e370
-async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]], params: dict) -> Environment:
+async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]],
+                            params: dict) -> Environment:
     "The environment a stateless JSON-RPC call names: an HTTP MCP session's (`session_id`), or a fresh one."
     if (sid := params.get("session_id")) is None: return await fresh()
     if (env := hub.sessions.get(sid)) is None: raise RpcError(-32602, f"Unknown session_id: {sid}")
@@ -282,10 +294,12 @@ async def act(hub: Hub, # the server's shared state
               **extra # more keyword arguments for the environment's method (e.g. `timeout_s`)
              ) -> dict:
     "The action path: the reply or error frame to one `kind` call with `data` on `env`; it never raises."
-    if (k := KINDS.get(kind)) is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}")
+    if (k := KINDS.get(kind)) is None: return error_frame(ErrorCode.UNKNOWN_TYPE,
+                                                          f"Unknown message type: {kind}")
     try: args = data.args if type(data) is Checked else k.check(hub, data)
     except ValidationError as e: return invalid(k.invalid.format(action=hub.action_cls.__name__), e)
-    if isinstance(env, (FunctionType, MethodType)) and not k.lazy:  # a coroutine function that makes the environment
+    # a coroutine function that makes the environment
+    if isinstance(env, (FunctionType, MethodType)) and not k.lazy:
         try: env = await env()
         except Exception as e: return factory_error(hub, e)
     try: return await k.run(hub, env, args, **extra)
@@ -306,8 +320,10 @@ def http_reply(frame: dict # a reply or error frame
 # %% ../nbs/01a_actions.ipynb #dc5686b0
 class HTTPError(BaseModel):
     "The body of a 422, 500 or 503 reply."
-    detail: Any = Field(description="A list of validation errors (422), or the code and message of an environment error (500) or of a full server (503)")
+    detail: Any = Field(description="A list of validation errors (422), or the code and message of "
+                                    "an environment error (500) or of a full server (503)")
 
 # %% ../nbs/01a_actions.ipynb #4d35303a
 ENVELOPE = dict(response_model=None,
-                responses={c: {"model": HTTPError} for c in (422, 500, 503)} | {200: {"model": Envelope}})
+                responses={c: {"model": HTTPError}
+                           for c in (422, 500, 503)} | {200: {"model": Envelope}})

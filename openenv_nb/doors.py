@@ -29,7 +29,8 @@ def origin_of(url: str # an origin, `scheme://host[:port]`
     "`(scheme, host, port)` of a web origin; `None` for anything else (`null`, a path, another scheme, a bad port)."
     try: u = urlsplit(url.strip().lower()); port = u.port
     except ValueError: return None
-    if u.scheme not in _PORTS or not u.hostname or u.path not in ("", "/") or u.query or u.username: return None
+    if u.scheme not in _PORTS or not u.hostname or u.path not in ("", "/") or u.query or u.username:
+        return None
     return u.scheme, u.hostname, port or _PORTS[u.scheme]
 
 # %% ../nbs/01c_doors.ipynb #49a4f657
@@ -38,10 +39,12 @@ def own_origins(hosts: Iterable[str | None], # the `Host` header, and `X-Forward
                ) -> set[tuple[str, str, int]]:
     "The origins of the server a request was sent to, as its own pages would name them."
     schemes = [proto.split(",")[0].strip().lower()] if proto and proto.strip() else ["http", "https"]
-    return {o for h in hosts if h for s in schemes for o in [origin_of(f"{s}://{h.split(',')[0].strip()}")] if o}
+    return {o for h in hosts if h for s in schemes
+            for o in [origin_of(f"{s}://{h.split(',')[0].strip()}")] if o}
 
 # %% ../nbs/01c_doors.ipynb #8e987d02
-PROTOCOL, BEARER = "openenv", "openenv.bearer."  # the subprotocol a page asks for; the prefix of the one carrying its token
+# the subprotocol a page asks for; the prefix of the one carrying its token
+PROTOCOL, BEARER = "openenv", "openenv.bearer."
 
 def offered_tokens(h: dict # headers by lowercase name
                   ) -> list[bytes]:
@@ -63,9 +66,11 @@ class Doors:
                  max_body: int = 1 << 20): # largest HTTP request body, in bytes
         token = os.environ.get("OPENENV_TOKEN", "") if token is None else token
         if allow_origins is None: allow_origins = os.environ.get("OPENENV_ALLOW_ORIGINS", "")
-        allow = [o.strip() for o in (allow_origins.split(",") if isinstance(allow_origins, str) else allow_origins)]
+        allow = [o.strip() for o in (allow_origins.split(",") if isinstance(allow_origins, str)
+                                     else allow_origins)]
         if bad := [o for o in allow if o not in ("", "*") and origin_of(o) is None]:
-            raise ValueError(f"Not an origin: {', '.join(map(repr, bad))}; write them as scheme://host[:port], e.g. http://localhost:3000")
+            raise ValueError(f"Not an origin: {', '.join(map(repr, bad))}; write them as "
+                             "scheme://host[:port], e.g. http://localhost:3000")
         self._token, self.max_body, self.any_origin = token.encode() if token else None, max_body, "*" in allow
         self.origins = {origin_of(o) for o in allow if o not in ("", "*")}
 
@@ -94,16 +99,21 @@ def authorized(self, h: dict # headers by lowercase name
     return any([hmac.compare_digest(t, self._token) for t in offered_tokens(h)])
 
 # %% ../nbs/01c_doors.ipynb #1a34e14c
-SAFE = frozenset({"GET", "HEAD", "OPTIONS"})  # methods that change nothing: a page elsewhere may send them
-OPEN = frozenset({"/", "/health", "/web", "/web/"})  # answered without a token: probes, and the page (it asks for one; `/` sends a browser there)
+# methods that change nothing: a page elsewhere may send them
+SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+# answered without a token: probes, and the page (it asks for one; `/` sends a browser there)
+OPEN = frozenset({"/", "/health", "/web", "/web/"})
 
 def heads(scope: dict # an ASGI scope
          ) -> dict[str, str]:
     "The headers of `scope` the doors read, by lowercase name."
     return {_HEADS[k]: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _HEADS}
 
-_HEADS = {n: n.decode() for n in (b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto", b"authorization", b"x-openenv-token",
-          b"sec-websocket-protocol", b"content-length", b"content-type", b"x-openenv-extensions", b"mcp-protocol-version")}  # the last three: for the HTTP fast path
+_HEADS = {n: n.decode() for n in (b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto",
+                                  b"authorization", b"x-openenv-token",
+          # the last three: for the HTTP fast path
+          b"sec-websocket-protocol", b"content-length", b"content-type", b"x-openenv-extensions",
+          b"mcp-protocol-version")}
 
 # %% ../nbs/01c_doors.ipynb #62d62f3d
 @patch_to(Doors)
@@ -112,13 +122,19 @@ def refusal(self, scope: dict, # the ASGI scope of a request or WebSocket handsh
            ) -> tuple[int, str, str] | None:
     "`(status, code, message)` to refuse `scope` with; `None` to let it in."
     ws = scope["type"] == "websocket"
-    own = lambda: own_origins((h.get("host"), h.get("x-forwarded-host")), h.get("x-forwarded-proto"))
+    own = lambda: own_origins((h.get("host"), h.get("x-forwarded-host")),
+                              h.get("x-forwarded-proto"))
     if (ws or scope.get("method") not in SAFE) and "origin" in h and not self.origin_ok(h["origin"], own()):
-        return 403, "FORBIDDEN_ORIGIN", (f"Origin {h['origin'][:200]!r} may not call this server: only its own pages may, and the "
-                "origins it was told to allow (create_app(allow_origins=...), --allow-origin or OPENENV_ALLOW_ORIGINS)")
-    if not (ws or scope.get("method") not in SAFE or scope.get("path") not in OPEN) or self.authorized(h): return None
-    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' (or 'X-OpenEnv-Token: "
-                                 "TOKEN' when Authorization is taken; the clients take token= or read OPENENV_TOKEN)")
+        return 403, "FORBIDDEN_ORIGIN", (f"Origin {h['origin'][:200]!r} may not call this server: "
+                                         "only its own pages may, and the "
+                "origins it was told to allow (create_app(allow_origins=...), --allow-origin or "
+                "OPENENV_ALLOW_ORIGINS)")
+    if not (ws or scope.get("method") not in SAFE
+            or scope.get("path") not in OPEN) or self.authorized(h): return None
+    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' "
+                                 "(or 'X-OpenEnv-Token: "
+                                 "TOKEN' when Authorization is taken; the clients take token= or "
+                                 "read OPENENV_TOKEN)")
 
 # %% ../nbs/01c_doors.ipynb #902b95b2
 def chosen_protocol(ws # a WebSocket about to be accepted
@@ -139,5 +155,6 @@ async def deny(scope: dict, receive, send, # the ASGI call to refuse
     if scope["type"] == "http": return await response(scope, receive, send)
     if (await receive())["type"] != "websocket.connect": return
     _denied.set(True)
-    if "websocket.http.response" in scope.get("extensions", {}): return await response(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions",
+                                              {}): return await response(scope, receive, send)
     await send({"type": "websocket.close", "code": 1008, "reason": f"{status} {code}"})

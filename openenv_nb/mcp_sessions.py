@@ -24,7 +24,8 @@ from starlette.websockets import WebSocket, WebSocketState
 from .actions import Hub, act, factory_error
 from .doors import chosen_protocol
 from .environment import Environment
-from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction, ListToolsAction,
+from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
+                            ListToolsAction,
                             MCPEnvironment, RpcError, rpc_error)
 from .messages import IdleTimer, send_frame
 
@@ -60,7 +61,8 @@ async def drop_session(hub: Hub, sid: str):
 # %% ../nbs/02c_mcp_sessions.ipynb #d5a2449b
 async def session_close(hub: Hub, call) -> dict:
     "`openenv/session/close`: close a session made by `openenv/session/create`, freeing its slot (once its socket, if any, has gone)."
-    if not (sid := call.params.get("session_id")): raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
+    if not (sid := call.params.get("session_id")):
+        raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
     if sid not in hub.sessions: raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid}")
     if sid in hub.attached:  # a socket is using it: it closes when the socket goes
         hub.closing.add(sid)
@@ -173,11 +175,14 @@ async def mcp_socket(ws: WebSocket):
         env = await hub.make_env()
         while (msg := await idle.receive(hub.session_timeout)) is not None and msg["type"] != "websocket.disconnect":
             text = msg.get("text") or msg.get("bytes") or ""
-            if len(text) <= hub.max_message_size: reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"]
-            else: reply = rpc_error(None, -32600, f"Message of {len(text)} characters is over the limit of {hub.max_message_size}")
+            if len(text) <= hub.max_message_size:
+                reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"]
+            else: reply = rpc_error(None, -32600, f"Message of {len(text)} characters is over the "
+                                                  f"limit of {hub.max_message_size}")
             await send_frame(ws, reply)
     except Exception as e:
-        with contextlib.suppress(Exception): await send_frame(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
+        with contextlib.suppress(Exception):
+            await send_frame(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
     finally:
         idle.close()
         hub.active -= 1

@@ -31,7 +31,8 @@ class ResetMsg(_Msg):
 # %% ../nbs/01d_messages.ipynb #c36c000f
 class StepKwargs(_Msg, extra="allow"):
     "What a step message may carry beside its action (the `step-kwargs` extension): `timeout_s`, and what `step` takes."
-    timeout_s: float | None = Field(default=None, gt=0, description="Time limit for the step, in seconds")
+    timeout_s: float | None = Field(default=None, gt=0,
+                                    description="Time limit for the step, in seconds")
 
 class StepMsg(_Msg):
     "Apply an action; `data` holds its fields, `kwargs` more arguments for `step` (`step-kwargs` extension)."
@@ -70,17 +71,22 @@ def decode(text: str, # a text frame
           ) -> tuple[BaseModel | dict, Any]:
     "A frame as `(typed message, request id)`, with an error frame in place of the message when it is bad."
     try: m = loads(text)
-    except (ValueError, RecursionError) as e: return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
+    except (ValueError, RecursionError) as e:
+        return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
     if not isinstance(m, dict):
-        return error_frame(ErrorCode.INVALID_JSON, f"A message must be a JSON object with a 'type', not {type(m).__name__}"), None
+        return error_frame(ErrorCode.INVALID_JSON, "A message must be a JSON object with a "
+                                                   f"'type', not {type(m).__name__}"), None
     rid = m.pop("id", None)
     if rid is not None and not _valid_id(rid):
-        return error_frame(ErrorCode.VALIDATION_ERROR, "'id' must be a string or an integer of at most 255 characters",
-                           errors=[{"type": "invalid_id", "loc": ["id"], "msg": "Invalid request id"}]), None
+        return error_frame(ErrorCode.VALIDATION_ERROR,
+                           "'id' must be a string or an integer of at most 255 characters",
+                           errors=[{"type": "invalid_id", "loc": ["id"],
+                                    "msg": "Invalid request id"}]), None
     kind = m.get("type")
     cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}"), rid
-    try: return cls.__pydantic_validator__.validate_python(m), rid  # `model_validate` without its wrapper: every frame
+    # `model_validate` without its wrapper: every frame
+    try: return cls.__pydantic_validator__.validate_python(m), rid
     except ValidationError as e: return invalid("Invalid message", e), rid
 
 # %% ../nbs/01d_messages.ipynb #e72ccdb5
@@ -88,9 +94,11 @@ def unreadable(text: str | None, # the frame's text; `None` for a binary frame
                limit: int # the longest frame read, in characters
               ) -> dict | None:
     "The error frame for a frame that is not read at all (binary, or over `limit`); `None` for one that is."
-    if text is None: return error_frame(ErrorCode.INVALID_JSON, "Binary frames are not supported: send JSON as text")
+    if text is None: return error_frame(ErrorCode.INVALID_JSON,
+                                        "Binary frames are not supported: send JSON as text")
     if len(text) > limit:
-        return error_frame(ErrorCode.VALIDATION_ERROR, f"Message of {len(text)} characters is over the limit of {limit}",
+        return error_frame(ErrorCode.VALIDATION_ERROR,
+                           f"Message of {len(text)} characters is over the limit of {limit}",
                            errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
     return None
 
@@ -136,7 +144,8 @@ async def receive(self, timeout: float | None # seconds of silence allowed; `Non
     "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
     if timeout is None: return await self.ws.receive()
     self.deadline = self.loop.time() + timeout
-    if self.handle is not None and self.handle.when() > self.deadline: self.handle.cancel(); self.handle = None
+    if self.handle is not None and self.handle.when() > self.deadline:
+        self.handle.cancel(); self.handle = None
     if self.handle is None: self.handle = self.loop.call_at(self.deadline, self._fire)
     self.waiting = True
     try: return await self.ws.receive()

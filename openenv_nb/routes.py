@@ -40,9 +40,12 @@ async def one_shot(hub: Hub, # the server's shared state
 class Health(BaseModel):
     "What `/health` answers."
     status: str = Field(description="`healthy` while the server serves")
-    active_sessions: int = Field(description="Environments in use: WebSocket sessions, `batch` environments, HTTP calls running (`health-capacity` extension)")
+    active_sessions: int = Field(description="Environments in use: WebSocket sessions, `batch` "
+                                             "environments, HTTP calls running (`health-capacity` "
+                                             "extension)")
     max_sessions: int = Field(description="Environments the server will hold")
-    connections: int = Field(description="WebSockets open: sessions, `batch` connections and web pages")
+    connections: int = Field(description="WebSockets open: sessions, `batch` connections and web "
+                                         "pages")
     max_connections: int = Field(description="WebSockets the server will hold open")
 
 # %% ../nbs/02d_routes.ipynb #51bdc176
@@ -57,15 +60,20 @@ class Schemas(BaseModel):
 # %% ../nbs/02d_routes.ipynb #aea9e943
 def add_info_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata` and `/schema` on `app`."
-    schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
-              "state": hub.state_cls.model_json_schema(), "reset_observation": hub.reset_observation_cls.model_json_schema()}
-    @app.get("/health", tags=["Health"], summary="Health check, with session capacity", response_model=Health)
+    schema = {"action": hub.action_cls.model_json_schema(),
+              "observation": hub.observation_cls.model_json_schema(),
+              "state": hub.state_cls.model_json_schema(),
+              "reset_observation": hub.reset_observation_cls.model_json_schema()}
+    @app.get("/health", tags=["Health"], summary="Health check, with session capacity",
+             response_model=Health)
     async def health() -> dict: return hub.health()
-    @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata, summary="About this environment")
+    @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata,
+             summary="About this environment")
     async def metadata():
         if hub.metadata is not None: return hub.metadata
         return JSONResponse(*http_reply(await one_shot(hub, "metadata", {})))
-    @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state", response_model=Schemas)
+    @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state",
+             response_model=Schemas)
     async def get_schema() -> dict: return schema
 
 
@@ -82,7 +90,8 @@ async def _reset_answer(hub: Hub, # the server's shared state
                         h: dict | None = None # the request's headers (unread)
                        ) -> tuple[Any, int]:
     "The body and status of the answer to `POST /reset`."
-    kw = body.model_dump(exclude_unset=True) if body.model_fields_set else {}  # what `act`'s check would make
+    # what `act`'s check would make
+    kw = body.model_dump(exclude_unset=True) if body.model_fields_set else {}
     return http_reply(_topped(await one_shot(hub, "reset", Checked(kw))))
 
 # %% ../nbs/02d_routes.ipynb #30144181
@@ -102,18 +111,22 @@ async def _state_answer(hub: Hub, # the server's shared state
                        ) -> tuple[Any, int]:
     "The body and status of the answer to `GET /state`: only the served `State` class's fields."
     frame, fields = await one_shot(hub, "state", {}), hub.state_cls.model_fields
-    if frame["type"] == "state": frame["data"] = {k: v for k, v in frame["data"].items() if k in fields}
+    if frame["type"] == "state": frame["data"] = {k: v for k, v in frame["data"].items()
+                                                  if k in fields}
     return http_reply(frame)
 
 # %% ../nbs/02d_routes.ipynb #df4c34db
 def add_http_routes(app: FastAPI, hub: Hub):
     "Register the stateless `/reset`, `/step` and `/state` on `app` (`HOT` has their fast path)."
-    @app.post("/reset", tags=["Environment Control"], summary="Reset a fresh environment (stateless)", **ENVELOPE)
+    @app.post("/reset", tags=["Environment Control"],
+              summary="Reset a fresh environment (stateless)", **ENVELOPE)
     async def reset(body: ResetRequest = Body(default_factory=ResetRequest)):
         return JSONResponse(*await _reset_answer(hub, body))
-    @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)", **ENVELOPE)
+    @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)",
+              **ENVELOPE)
     async def step(body: StepRequest): return JSONResponse(*await _step_answer(hub, body))
-    @app.get("/state", tags=["State Management"], summary="State of a fresh environment (stateless)")
+    @app.get("/state", tags=["State Management"],
+             summary="State of a fresh environment (stateless)")
     async def state(): return JSONResponse(*await _state_answer(hub))
 
 # %% ../nbs/02d_routes.ipynb #8a7991e9
@@ -126,7 +139,8 @@ def fast_body(model: type[BaseModel], # the route's body model
     if not raw: return model() if optional else None
     if ctype is None or ctype.partition(";")[0].strip().lower() != "application/json": return None
     try: return model.model_validate_json(raw)  # pydantic's own JSON reader: no dict made first
-    except Exception: return None  # FastAPI's error (and its reading of odd JSON: `NaN`, lone surrogates) stays FastAPI's
+    # FastAPI's error (and its reading of odd JSON: `NaN`, lone surrogates) stays FastAPI's
+    except Exception: return None
 
 # %% ../nbs/02d_routes.ipynb #40b6fc88
 class Hot(NamedTuple):
@@ -144,7 +158,8 @@ async def reply(self, hub: Hub, # the server's shared state
     "The body and status of the answer to a request for this route; `None` leaves it to FastAPI."
     if self.model is bytes: return await self.answer(hub, raw, h)  # the body as received
     if self.model is None: return await self.answer(hub, None, h)
-    if (body := fast_body(self.model, raw, h.get("content-type"), self.optional)) is None: return None
+    if (body := fast_body(self.model, raw, h.get("content-type"),
+                          self.optional)) is None: return None
     return await self.answer(hub, body, h)
 
 # %% ../nbs/02d_routes.ipynb #5ddd6391
@@ -159,7 +174,8 @@ HOT: dict[tuple[str, str], Hot] = {  # (method, path): the route
 async def _send_empty(send, # the ASGI `send` of an HTTP request
                      status: int): # the HTTP status
     "Answer with no body, as Starlette's `Response(status_code=status)` would."
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", b"0")]})
     await send({"type": "http.response.body", "body": b""})
 
 # %% ../nbs/02d_routes.ipynb #d832c7b3
@@ -170,5 +186,6 @@ async def respond(send, # the ASGI `send` of an HTTP request
     if content is None: return await _send_empty(send, status)
     body = dumps(content)
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]})
+                "headers": [(b"content-length", str(len(body)).encode()),
+                            (b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})

@@ -58,7 +58,8 @@ class SteadyReads(WebSocketsSansIOProtocol):
     high = 2  # messages waiting for the app before reads pause (uvicorn's own pauses at 1)
 
     def send_receive_event_to_app(self):
-        held, self.read_paused = self.read_paused, True  # uvicorn pauses reads unless they are paused already
+        # uvicorn pauses reads unless they are paused already
+        held, self.read_paused = self.read_paused, True
         try: super().send_receive_event_to_app()
         finally: self.read_paused = held
         if not held and self.queue.qsize() >= self.high and not self.transport.is_closing():
@@ -75,8 +76,10 @@ def server_config(app: FastAPI, # the app to serve
                  ) -> uvicorn.Config:
     "The uvicorn settings every openenv-nb server runs with (and `LogGuard` on uvicorn's log)."
     logging.getLogger("uvicorn.error").addFilter(_log_guard)
-    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size or transport_limit(app), ws_per_message_deflate=compression,
-                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5, ws=SteadyReads)
+    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size
+                          or transport_limit(app), ws_per_message_deflate=compression,
+                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
+                          ws=SteadyReads)
 
 # %% ../nbs/02e_runner.ipynb #a3f849ca
 @delegates(server_config, but=["app"])
@@ -112,11 +115,13 @@ def serve_in_thread(app: FastAPI, # the app to serve
     "Serve `app` in a background thread with `serve`'s settings; yields the base URL, stops on exit."
     sock = bind(host, port)
     server = _Server(server_config(app, log_level=log_level, **kwargs))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openenv-serve")
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                         name="openenv-serve")
     t.start()
     try:
         while not server.ready.wait(0.05):
-            if not t.is_alive(): raise RuntimeError(f"The server thread for {host}:{port} exited before it listened")
+            if not t.is_alive(): raise RuntimeError(f"The server thread for {host}:{port} exited "
+                                                    "before it listened")
         yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

@@ -60,7 +60,8 @@ async def __call__(self, scope: dict, receive, send):
     "Refuse what the doors refuse; count WebSockets; bound HTTP bodies; pass the rest to the app."
     if scope["type"] not in ("http", "websocket"): return await self.app(scope, receive, send)
     h = heads(scope)
-    if (no := self.hub.doors.refusal(scope, h)) is not None: return await deny(scope, receive, send, *no)
+    if (no := self.hub.doors.refusal(scope,
+                                     h)) is not None: return await deny(scope, receive, send, *no)
     if scope["type"] == "websocket": return await self.socket(scope, receive, send)
     await self.request(scope, receive, send, h)
 
@@ -70,17 +71,20 @@ async def socket(self, scope: dict, receive, send):
     "Let a WebSocket in while fewer than `max_connections` are open, and count it while it is; `/ws` goes to `ws`."
     hub = self.hub
     if hub.connections >= hub.max_connections:
-        return await deny(scope, receive, send, 503, "CAPACITY_REACHED", f"Server at its connection limit: {hub.connections}/"
+        return await deny(scope, receive, send, 503, "CAPACITY_REACHED",
+                          f"Server at its connection limit: {hub.connections}/"
                           f"{hub.max_connections} WebSockets open; try again later")
     hub.connections += 1
     try:
-        if self.ws is not None and scope["path"] == "/ws" and self.direct(scope): await self.ws(scope, receive, send)
+        if self.ws is not None and scope["path"] == "/ws" and self.direct(scope):
+            await self.ws(scope, receive, send)
         else: await self.app(scope, receive, send)
     finally: hub.connections -= 1
 
 # %% ../nbs/02_server.ipynb #0e74058b
 def _too_large(limit: int, size: int | None = None) -> str:
-    return (f"Request body of {size} bytes" if size else "Request body") + f" is over this server's limit of {limit} bytes (max_body)"
+    return (f"Request body of {size} bytes" if size
+            else "Request body") + f" is over this server's limit of {limit} bytes (max_body)"
 
 # %% ../nbs/02_server.ipynb #cd66fedd
 @patch_to(Guard)
@@ -88,17 +92,21 @@ async def request(self, scope: dict, receive, send, h: dict):
     "Read a body as it streams in, at most `max_body` bytes (413 past that); answer a `hot` route, or call the app."
     limit = self.hub.doors.max_body
     size = int(h["content-length"]) if h.get("content-length", "").isdigit() else 0
-    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit, size))
+    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                       _too_large(limit, size))
     if (msg := await receive())["type"] != "http.request": return  # the client went away
     raw, more = msg.get("body", b""), msg.get("more_body", False)  # most bodies come in one piece
     chunks, size = [raw], len(raw)
     while more:
-        if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit))
+        if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                           _too_large(limit))
         if (msg := await receive())["type"] != "http.request": return
         chunks.append(msg.get("body", b"")); size += len(chunks[-1]); more = msg.get("more_body", False)
-    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit))
+    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                       _too_large(limit))
     if len(chunks) > 1: raw = b"".join(chunks)
-    if (hot := self.hot.get((scope["method"], scope["path"]))) is not None and self.direct(scope) and \
+    if (hot := self.hot.get((scope["method"],
+                             scope["path"]))) is not None and self.direct(scope) and \
        (out := await hot.reply(self.hub, raw, h)) is not None: return await respond(send, *out)
     await self.app(scope, _replay(raw, receive), send)
 
@@ -122,9 +130,11 @@ class ConcurrencyError(ValueError):
 def _check_factory(env) -> None:
     "Refuse an environment instance where a factory is needed."
     if isinstance(env, Environment):
-        raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got a {type(env).__name__} "
+        raise TypeError("create_app's env must be a callable (an environment class or "
+                        f"zero-argument factory), got a {type(env).__name__} "
                         f"instance; pass `{type(env).__name__}`, not `{type(env).__name__}()`")
-    if not callable(env): raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got {env!r}")
+    if not callable(env): raise TypeError("create_app's env must be a callable (an environment "
+                                          f"class or zero-argument factory), got {env!r}")
 
 # %% ../nbs/02_server.ipynb #2369598e
 def _env_class(env: Callable, probe: bool) -> type | None:
@@ -152,27 +162,34 @@ def capacity(cls: type | None, # the environment class (`None`: unknown, as a fa
     return derive() if callable(derive) else DEFAULT_CAPACITY
 
 # %% ../nbs/02_server.ipynb #61576950
-def _classes(env: Callable, action_cls: type | None, observation_cls: type | None, asked: int | None) -> tuple:
+def _classes(env: Callable, action_cls: type | None, observation_cls: type | None,
+             asked: int | None) -> tuple:
     "The class `env` builds, its action and observation classes, and the capacity; a `create_app` that cannot work raises."
     _check_factory(env)
     if asked is not None and (not isinstance(asked, int) or asked < 1):
         raise ValueError(f"max_concurrent_envs must be an integer >= 1, got {asked!r}")
     cls = _env_class(env, probe=(asked or 1) > 1 or action_cls is None or observation_cls is None)
     if (n := capacity(cls, asked)) > 1 and not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False):
-        raise ConcurrencyError(f"{cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS = True, so it cannot serve "
-                               f"max_concurrent_envs={n}; use 1, or mark the class if its instances share nothing")
+        raise ConcurrencyError(f"{cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS = "
+                               "True, so it cannot serve "
+                               f"max_concurrent_envs={n}; use 1, or mark the class if its "
+                               "instances share nothing")
     a, o, _ = env_types(cls) if cls else (None, None, State)
     if (action_cls := action_cls or a) is None or (observation_cls := observation_cls or o) is None:
-        raise TypeError(f"Cannot tell the action and observation classes of {getattr(cls, '__name__', env)}: subclass "
-                        "Environment[MyAction, MyObservation, MyState] or pass action_cls= and observation_cls=")
+        raise TypeError("Cannot tell the action and observation classes of "
+                        f"{getattr(cls, '__name__', env)}: subclass "
+                        "Environment[MyAction, MyObservation, MyState] or pass action_cls= and "
+                        "observation_cls=")
     return cls, action_cls, observation_cls, n
 
 # %% ../nbs/02_server.ipynb #0115db0b
 def server_mode(mode: str | None = None # `simulation` or `production`; `None` reads `OPENENV_MODE` (default `simulation`)
                ) -> str:
     "The server mode, checked: production serves no simulation controls (`/reset`, `/step`, `/state`), as OpenEnv 0.10."
-    m = (mode if mode is not None else os.environ.get("OPENENV_MODE") or "simulation").strip().lower()
-    if m not in ("simulation", "production"): raise ValueError(f"Invalid mode {mode!r}: use 'simulation' or 'production'")
+    m = (mode if mode is not None else os.environ.get("OPENENV_MODE")
+         or "simulation").strip().lower()
+    if m not in ("simulation", "production"):
+        raise ValueError(f"Invalid mode {mode!r}: use 'simulation' or 'production'")
     return m
 
 
@@ -195,7 +212,8 @@ def preflight(cls: type | None # the environment class a server is about to serv
 class App(FastAPI):
     "The app `create_app` makes: FastAPI behind one `Guard`, which answers the hot routes and `/ws` itself when it may."
     guard: Guard | None = None  # set by `create_app`; `None` (a bare `App`): FastAPI's own way in
-    _traced, _traced_until = True, 0.0  # FastAPI's telemetry on, as last read, and until when that reading holds
+    # FastAPI's telemetry on, as last read, and until when that reading holds
+    _traced, _traced_until = True, 0.0
 
 # %% ../nbs/02_server.ipynb #11e2b8e2
 @patch_to(App)
@@ -249,12 +267,14 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
               ) -> FastAPI:
     "A FastAPI app (an `App`) serving `env` over HTTP, `/ws` and `/mcp`."
     if max_sessions is not None and max_concurrent_envs not in (None, max_sessions):
-        raise ValueError(f"max_concurrent_envs={max_concurrent_envs} and its alias max_sessions={max_sessions} disagree")
+        raise ValueError(f"max_concurrent_envs={max_concurrent_envs} and its alias "
+                         f"max_sessions={max_sessions} disagree")
     asked = max_concurrent_envs if max_concurrent_envs is not None else max_sessions
     mode, max_message_size = server_mode(mode), message_limit(max_message_size)
     cls, action_cls, observation_cls, n = _classes(env, action_cls, observation_cls, asked)
     preflight(cls)
-    hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None, max_message_size,
+    hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None,
+              max_message_size,
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size), reset_observation_cls)
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
@@ -266,7 +286,8 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
     app.guard = Guard(partial(FastAPI.__call__, app), hub, hot, app.ws_direct, app.direct)
     add_info_routes(app, hub)
     if mode == "simulation": add_http_routes(app, hub)
-    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0: the environment's tools and sessions")
+    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"],
+                      summary="JSON-RPC 2.0: the environment's tools and sessions")
     app.add_api_websocket_route("/ws", ws_endpoint)
     app.add_api_websocket_route("/mcp", mcp_socket)
     add_task_routes(app, hub, env_name)

@@ -22,7 +22,8 @@ from .manifest import MANIFEST, REF_RE, Manifest, ManifestError, import_ref, loa
 from .server import create_app
 
 # %% ../nbs/11a_targets.ipynb #ccdf398b
-BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment", "coding": "openenv_nb.envs.coding:CodingEnvironment"}
+BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment",
+            "coding": "openenv_nb.envs.coding:CodingEnvironment"}
 
 # %% ../nbs/11a_targets.ipynb #58a0bab5
 class TargetError(LookupError, ValueError):
@@ -46,8 +47,10 @@ def load_project(path: str | Path, # a project folder, or its `openenv.yaml`
     except ManifestError as e: raise TargetError(f"project {path}: {e}") from e
 
 # %% ../nbs/11a_targets.ipynb #33cdde58
-FAMILIES = {"gym": "openenv_nb.envs.gym:make_gym_target", "openspiel": "openenv_nb.envs.openspiel:make_openspiel_target",
-            "textarena": "openenv_nb.envs.textarena:make_textarena_target", "chess": "openenv_nb.envs.chess:make_chess_target"}
+FAMILIES = {"gym": "openenv_nb.envs.gym:make_gym_target",
+            "openspiel": "openenv_nb.envs.openspiel:make_openspiel_target",
+            "textarena": "openenv_nb.envs.textarena:make_textarena_target",
+            "chess": "openenv_nb.envs.chess:make_chess_target"}
 
 # %% ../nbs/11a_targets.ipynb #8e35a043
 def family(target: str | Path # any target
@@ -63,8 +66,10 @@ def family_loader(prefix: str # a key of `FAMILIES`
     mod, fn = FAMILIES[prefix].split(":")
     try: module = importlib.import_module(mod)
     except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] == "openenv_nb": raise TargetError(f"{prefix}: this openenv-nb has no {mod}") from e
-        raise TargetError(f'{prefix} environments need {e.name}, which is not installed: pip install "openenv-nb[{prefix}]"') from e
+        if (e.name or "").partition(".")[0] == "openenv_nb":
+            raise TargetError(f"{prefix}: this openenv-nb has no {mod}") from e
+        raise TargetError(f'{prefix} environments need {e.name}, which is not installed: pip '
+                          f'install "openenv-nb[{prefix}]"') from e
     try: return getattr(module, fn)
     except AttributeError: raise TargetError(f"{prefix}: {mod} has no loader {fn!r}") from None
 
@@ -80,7 +85,8 @@ def load_family(prefix: str, # a key of `FAMILIES`
     except Exception as e: raise TargetError(f"{prefix}:{spec}: {type(e).__name__}: {e}") from e
 
 # %% ../nbs/11a_targets.ipynb #bd2dca2d
-NAMES = {"wordle": "textarena:Wordle-v0", "cartpole": "gym:CartPole-v1"}  # short names of family members
+# short names of family members
+NAMES = {"wordle": "textarena:Wordle-v0", "cartpole": "gym:CartPole-v1"}
 
 # %% ../nbs/11a_targets.ipynb #5368df08
 GROUP = "openenv_nb.envs"  # the entry-point group where packages declare environments
@@ -108,7 +114,8 @@ def _ambiguous(target: str) -> str:
     "Why `target` names an environment and a project at once, and how to name each."
     kind = "built-in" if target in BUILTINS or target in FAMILIES else "listed"
     full = BUILTINS.get(target) or (target + ":" if target in FAMILIES else named(target))
-    return (f"{target!r} names both the {kind} environment and the project here ({manifest_path(target)}): "
+    return (f"{target!r} names both the {kind} environment and the project here "
+            f"({manifest_path(target)}): "
             f"say ./{target} for the project, or {full} for the environment")
 
 # %% ../nbs/11a_targets.ipynb #642179bc
@@ -116,8 +123,10 @@ def _unknown(target: str) -> str:
     "Why `target` names nothing: what it was tried as."
     if Path(target).is_dir():
         return f"{target} has no {MANIFEST}, so it is not an environment project (start one with `openenv init NAME`)"
-    return (f"unknown target {target!r}: it is not a project (there is no {manifest_path(target)}), not a built-in "
-            f"({', '.join(BUILTINS)}), not in a family ({', '.join(p + ':NAME' for p in FAMILIES)}), not module:attribute, "
+    return (f"unknown target {target!r}: it is not a project (there is no "
+            f"{manifest_path(target)}), not a built-in "
+            f"({', '.join(BUILTINS)}), not in a family "
+            f"({', '.join(p + ':NAME' for p in FAMILIES)}), not module:attribute, "
             "and not a name that `openenv list` shows")
 
 # %% ../nbs/11a_targets.ipynb #e24258ff
@@ -134,7 +143,8 @@ def resolve(target: str | Path # a project folder (or its `openenv.yaml`), a bui
     raise TargetError(_unknown(t))
 
 # %% ../nbs/11a_targets.ipynb #ad2bd1b1
-@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name", "max_concurrent_envs",
+@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name",
+                            "max_concurrent_envs",
                             "session_timeout", "metadata", "web"])
 def app_for(obj: Any, # an `Environment` class, a factory, or an app
             manifest: Manifest | None = None, # the project's manifest, if `obj` came from one
@@ -147,7 +157,8 @@ def app_for(obj: Any, # an `Environment` class, a factory, or an app
     is_env = isinstance(obj, type) and issubclass(obj, Environment)
     if not is_env and hasattr(obj, "router"): return obj
     meta = manifest.metadata() if manifest is not None and is_env and not overrides(obj, "get_metadata") else None
-    return create_app(obj, max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout, web=web, metadata=meta,
+    return create_app(obj, max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout,
+                      web=web, metadata=meta,
                       env_name=manifest.name if manifest is not None else None, **kwargs)
 
 # %% ../nbs/11a_targets.ipynb #3212ebb6
