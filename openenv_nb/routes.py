@@ -1,4 +1,4 @@
-"""OpenEnv's HTTP routes: `/health`, `/metadata`, `/schema`, and the stateless `/reset`, `/step` and `/state`, with the fast path that answers them.
+"""OpenEnv's HTTP routes: `/health`, `/metadata`, `/schema`; stateless `/reset`, `/step`, `/state`
 
 Docs: https://openenv-nb.github.io/openenv-nb/routes.html.md"""
 
@@ -25,7 +25,7 @@ async def one_shot(hub: Hub, # the server's shared state
                    kind: str, # a kind of call (see `actions.KINDS`)
                    data: dict, # the call's data
                    **extra): # more keyword arguments for the environment's method
-    "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot while it runs."
+    "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot meanwhile."
     if hub.active >= hub.max_sessions: return at_capacity(hub)
     hub.active, made = hub.active + 1, []
     async def fresh() -> Environment:
@@ -54,7 +54,9 @@ class Schemas(BaseModel):
     action: dict[str, Any]
     observation: dict[str, Any]
     state: dict[str, Any]
-    reset_observation: dict[str, Any] | None = Field(default=None, description="What `reset` returns (the observation's schema unless the server was given `reset_observation_cls`)")
+    reset_observation: dict[str, Any] | None = Field(
+        default=None, description="What `reset` returns (the observation's schema unless the server "
+                                  "was given `reset_observation_cls`)")
 
 
 # %% ../nbs/02d_routes.ipynb #aea9e943
@@ -79,7 +81,7 @@ def add_info_routes(app: FastAPI, hub: Hub):
 
 # %% ../nbs/02d_routes.ipynb #68663bcd
 def _topped(frame: dict) -> dict:
-    "An HTTP envelope with its top-level `metadata` always present (`null` when empty), as OpenEnv 0.10's response models send it."
+    "An HTTP envelope with its top-level `metadata` always present (`null` when empty), as OpenEnv 0.10's."
     if frame["type"] == "observation": frame["data"].setdefault("metadata", None)
     return frame
 
@@ -99,7 +101,7 @@ async def _step_answer(hub: Hub, # the server's shared state
                        body: StepRequest, # the checked body
                        h: dict | None = None # the request's headers (unread)
                       ) -> tuple[Any, int]:
-    "The body and status of the answer to `POST /step`: `timeout_s` and the other extras go to the environment."
+    "The body and status of the answer to `POST /step`: `timeout_s` and other extras go to `step`."
     sent = body.model_fields_set
     extra = {k: v for k, v in body if k != "action" and k in sent} if len(sent) > 1 else {}
     return http_reply(_topped(await one_shot(hub, "step", body.action, **extra)))
@@ -135,7 +137,7 @@ def fast_body(model: type[BaseModel], # the route's body model
               ctype: str | None, # its `Content-Type`
               optional: bool = False # an empty body means `model()`, as for `/reset`
              ) -> BaseModel | None:
-    "`raw` checked by `model` where FastAPI would read it alike and accept it; `None` leaves the request to FastAPI."
+    "`raw` checked by `model` where FastAPI would read and accept it alike; else `None` (FastAPI's)."
     if not raw: return model() if optional else None
     if ctype is None or ctype.partition(";")[0].strip().lower() != "application/json": return None
     try: return model.model_validate_json(raw)  # pydantic's own JSON reader: no dict made first
@@ -144,10 +146,10 @@ def fast_body(model: type[BaseModel], # the route's body model
 
 # %% ../nbs/02d_routes.ipynb #40b6fc88
 class Hot(NamedTuple):
-    "A route the `Guard` of `server` answers itself when it can: how its body is read, and what answers it."
-    model: type[BaseModel] | type[bytes] | None # the body's model; `bytes`: the body as received; `None`: no body
+    "A route the `Guard` of `server` answers itself when it can: how its body is read, what answers it."
+    model: type[BaseModel] | type[bytes] | None # the body's model; `bytes`: as received; `None`: none
     optional: bool # an empty body means `model()`, as for `/reset`
-    answer: Callable[..., Awaitable[tuple[Any, int]]] # `(hub, body, headers)` -> `(content, status)`
+    answer: Callable[..., Awaitable[tuple[Any, int]]] # `(hub, body, headers)` -> `(content,status)`
 
 # %% ../nbs/02d_routes.ipynb #0b9e52e9
 @patch_to(Hot)
@@ -182,7 +184,7 @@ async def _send_empty(send, # the ASGI `send` of an HTTP request
 async def respond(send, # the ASGI `send` of an HTTP request
                   content: Any, # the body, to write as JSON; `None`: no body (a 202)
                   status: int = 200): # the HTTP status
-    "Answer with `content` as `JSONResponse` would (same headers, same JSON), written by orjson; `None` as an empty `Response`."
+    "Answer with `content` as `JSONResponse` would, written by orjson; `None` as an empty `Response`."
     if content is None: return await _send_empty(send, status)
     body = dumps(content)
     await send({"type": "http.response.start", "status": status,
