@@ -1,4 +1,4 @@
-"""The WebSocket `/ws`: one connection, one session and its environment, or with `batch` many environments on one connection.
+"""The WebSocket `/ws`: one connection, one session and its environment (or, with `batch`, many)
 
 Docs: https://openenv-nb.github.io/openenv-nb/sessions.html.md"""
 
@@ -76,7 +76,7 @@ class BatchCloseMsg(BaseModel, extra="forbid"):
 def _aligned(envs: list[int], # environment ids
              **cols # columns that need one entry per environment (`None`: not sent)
             ) -> None:
-    "Raise `ValueError` unless each column has one entry per environment and no environment comes twice."
+    "Raise `ValueError` unless each column has an entry per environment and no environment is twice."
     for name, col in cols.items():
         if col is not None and len(col) != len(envs):
             raise ValueError(f"{len(col)} {name} for {len(envs)} environments")
@@ -139,9 +139,9 @@ BATCH_MESSAGES = {"batch.open": BatchOpenMsg, "batch": BatchMsg, "batch.close": 
 
 # %% ../nbs/02b_sessions.ipynb #6a7a0699
 class Session:
-    "One WebSocket connection: its environment (or, with `batch`, its environments), messages handled in order."
+    "One WebSocket connection: its environment (or, with `batch`, environments), messages in order."
     def __init__(self, hub: Hub, # the server's shared state
-                 env: Environment | None, # the session's environment; `None` for a `batch` connection
+                 env: Environment | None, # the session's environment; `None` for `batch`
                  ext: set[str] = frozenset(), # the extensions the client listed
                  sid: str | None = None): # the HTTP MCP session this socket is attached to, if any
         self.hub, self.env, self.batch, self.sid = hub, env, "batch" in ext, sid
@@ -168,7 +168,7 @@ async def answer(self, m: BaseModel) -> dict | None:
 # %% ../nbs/02b_sessions.ipynb #2fc8d506
 @patch_to(Session)
 def rpc_methods(self) -> dict:
-    "The session methods of an `mcp` message on this socket: `create` names the socket's own session, which `close` may not close."
+    "The session methods of an `mcp` message on this socket: `create` names the socket's own session."
     async def create(call) -> dict:
         self.sid = self.sid or str(uuid.uuid4())
         return {"session_id": self.sid}
@@ -259,7 +259,7 @@ def check_all(hub: Hub, # the server's shared state
               kind: str, # `"reset"` or `"step"`
               datas: list # each environment's data, as sent
              ) -> tuple[list, list]:
-    "What `KINDS[kind].check` makes of each data, and the error frames of those it refuses (`None` where fine)."
+    "What `KINDS[kind].check` makes of each data, and the error frames of those it refuses (or `None`)."
     k = KINDS[kind]
     # tool actions pick their class per action: checked one by one
     if kind == "step" and not hub.tools:
@@ -268,7 +268,9 @@ def check_all(hub: Hub, # the server's shared state
     args, errors = [], []
     for d in datas:
         try: args.append(k.check(hub, d)); errors.append(None)
-        except ValidationError as e: args.append(None); errors.append(invalid(k.invalid.format(action=hub.action_cls.__name__), e))
+        except ValidationError as e:
+            args.append(None)
+            errors.append(invalid(k.invalid.format(action=hub.action_cls.__name__), e))
     return args, errors
 
 # %% ../nbs/02b_sessions.ipynb #abc3c0f3
@@ -284,9 +286,9 @@ async def run_checked(hub: Hub, # the server's shared state
         return raised(e)
 
 # %% ../nbs/02b_sessions.ipynb #7e4c814d
-def as_columns(frames: list[dict | None] # one reply or error frame per environment; `None`: an entry left empty (for a batch hook to fill)
+def as_columns(frames: list[dict | None] # a reply or error frame per environment; `None`: left empty
               ) -> dict:
-    "The `batch.results` frame of `frames`: observations, rewards, dones and errors, an entry per environment."
+    "The `batch.results` frame of `frames`: observations, rewards, dones and errors, one per environment."
     n = len(frames)
     obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
     for k, f in enumerate(frames):
@@ -299,7 +301,7 @@ def as_columns(frames: list[dict | None] # one reply or error frame per environm
 # %% ../nbs/02b_sessions.ipynb #c76b9a7f
 @patch_to(Session)
 def _plan(self, m: BaseModel) -> tuple[list, list, list]:
-    "The kind, checked args and error frame (`None` where fine) of each environment's call in a `batch.step` or `batch.reset`."
+    "The kind, checked args and error frame (or `None`) of each call in a `batch.step` or `batch.reset`."
     d, hub, n = m.data, self.hub, len(m.data.envs)
     if isinstance(m, BatchResetMsg):
         return ["reset"] * n, *check_all(hub, "reset",
@@ -309,7 +311,8 @@ def _plan(self, m: BaseModel) -> tuple[list, list, list]:
     resets = set(d.resets)
     again = [i in resets for i in d.envs]
     args, errors = map(iter, check_all(hub, "step", [a for a, r in zip(d.actions, again) if not r]))
-    return ["reset" if r else "step" for r in again], [{} if r else next(args) for r in again], [None if r else next(errors) for r in again]
+    return (["reset" if r else "step" for r in again], [{} if r else next(args) for r in again],
+            [None if r else next(errors) for r in again])
 
 # %% ../nbs/02b_sessions.ipynb #ace2fa33
 async def run_together(hub: Hub, # the server's shared state
@@ -317,13 +320,14 @@ async def run_together(hub: Hub, # the server's shared state
                        kind: str, # `"step"` or `"reset"` (with no arguments)
                        actions: list | None = None # the checked actions, for `"step"`
                       ) -> Steps | None:
-    "The `Steps` of `envs` from their class's `kind` batch hook; `None` unless all are of one class with one and none has a rubric."
+    "The `Steps` of `envs` from their class's `kind` batch hook; `None` unless the hook applies (below)."
     cls = type(envs[0])
     if (hook := batch_hook(cls, kind)) is None or any(type(e) is not cls or e.rubric is not None
                                                       for e in envs): return None
     fn, on_loop = hook
     call = partial(fn, envs) if actions is None else partial(fn, envs, actions)
-    try: return await call() if on_loop else await asyncio.get_running_loop().run_in_executor(hub.pool, call)
+    try: return (await call() if on_loop
+                 else await asyncio.get_running_loop().run_in_executor(hub.pool, call))
     except (Exception, SystemExit) as e: return Steps([None] * len(envs), [None] * len(envs),
                                                       [False] * len(envs), [e] * len(envs))
 
@@ -333,7 +337,7 @@ def _put(cols: dict, # the `data` of a `batch.results` frame
          steps: Steps, # what the hook gave for them
          envs: list # the environment at each position (for the log)
         ) -> None:
-    "Write `steps` into `cols` at positions `at`: an exception becomes that entry's `EXECUTION_ERROR`, logged as `run_checked` logs one."
+    "Write `steps` into `cols` at positions `at`: an exception becomes that entry's `EXECUTION_ERROR`."
     for n, o, r, d, e in zip(at, *steps):
         if e is None: cols["observations"][n], cols["rewards"][n], cols["dones"][n] = o, r, d
         else:
@@ -346,7 +350,7 @@ async def _together(self, kind: str, # `"step"` or `"reset"`
                     at: list[int], # positions of the environments to call
                     envs: list, args: list # every position's environment and checked arguments
                    ) -> tuple[list[int], Steps] | None:
-    "`(at, Steps)` of the environments at `at` through their class's `kind` hook; `None` where there is none (or nothing to call)."
+    "`(at, Steps)` of the environments at `at` through their class's `kind` hook; `None` without one."
     if not at: return None
     steps = await run_together(self.hub, [envs[n] for n in at], kind, [args[n] for n in at]
                                if kind == "step" else None)
@@ -355,7 +359,7 @@ async def _together(self, kind: str, # `"step"` or `"reset"`
 # %% ../nbs/02b_sessions.ipynb #98a181d6
 @patch_to(Session)
 async def act_columns(self, m: BaseModel) -> dict:
-    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call through the action path (or its class's batch hook), in one frame."
+    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call, in one frame."
     kinds, args, errors = self._plan(m)
     envs = [self.envs.get(i) for i in m.data.envs]
     frames = [_unknown_env(i) if env is None else e for i, env, e in zip(m.data.envs, envs, errors)]
@@ -389,7 +393,7 @@ def _aged(hub: Hub) -> dict:
 # %% ../nbs/02b_sessions.ipynb #76e47bd7
 def _timeout(hub: Hub, end: float | None # when the session must end (`time.monotonic`), if ever
             ) -> float | None:
-    "Seconds the next frame may take: the idle limit, or less when the session's end comes first (0: it has come)."
+    "Seconds the next frame may take: the idle limit, or less when the session's end comes first."
     if end is None: return hub.session_timeout
     left = max(0.0, end - time.monotonic())
     return left if hub.session_timeout is None else min(left, hub.session_timeout)
@@ -398,9 +402,9 @@ def _timeout(hub: Hub, end: float | None # when the session must end (`time.mono
 async def serve_session(hub: Hub, # the server's shared state
                         ws: WebSocket, # an accepted socket
                         ext: set[str], # the extensions the client listed
-                        attached: Environment | None = None, # an HTTP MCP session's environment: used, not made nor closed
+                        attached: Environment | None = None, # an HTTP MCP session's: not made nor closed
                         sid: str | None = None): # that session's id
-    "Serve one session on an accepted socket until it ends; the caller holds its slot (none for `batch`)."
+    "Serve one session on an accepted socket until it ends; the caller holds its slot (if not `batch`)."
     env = attached
     if env is None and "batch" not in ext:
         try: env = await hub.make_env()
@@ -424,7 +428,7 @@ async def serve_session(hub: Hub, # the server's shared state
 
 # %% ../nbs/02b_sessions.ipynb #20b97d6a
 async def _refuse(ws: WebSocket, hub: Hub):
-    "Tell a client that the server is full, and close normally (1000), as OpenEnv 0.10 does: its clients read the frame."
+    "Tell a client that the server is full, and close normally (1000) as OpenEnv 0.10 does."
     await send_frame(ws, at_capacity(hub))
     await ws.close()
 
@@ -434,7 +438,7 @@ async def attach(hub: Hub, # the server's shared state
                  ws: WebSocket, # an accepted socket
                  ext: set[str], # the extensions the client listed
                  sid: str): # an HTTP MCP session's id (`openenv/session/create`)
-    "Serve `/ws?session_id=SID` on that session's environment: one socket at a time; the session outlives the socket."
+    "Serve `/ws?session_id=SID` on that session's environment, one socket at a time; the session stays."
     env = hub.sessions.get(sid)
     problem = f"Unknown session_id: {sid}" if env is None else \
               f"Session {sid} already has an attached WebSocket" if sid in hub.attached else None
@@ -464,7 +468,8 @@ async def ws_endpoint(ws: WebSocket):
     hub.active += slot
     try: await serve_session(hub, ws, ext)
     except Exception as e:
-        if ws.client_state is WebSocketState.CONNECTED and ws.application_state is WebSocketState.CONNECTED:
+        if (ws.client_state is WebSocketState.CONNECTED
+                and ws.application_state is WebSocketState.CONNECTED):
             with contextlib.suppress(Exception):
                 await send_frame(ws, error_frame(ErrorCode.SESSION_ERROR,
                                                  f"{type(e).__name__}: {e}"))
