@@ -1,4 +1,4 @@
-"""`create_app`: serve any `Environment` over HTTP, WebSocket and MCP, as OpenEnv does, behind one door
+"""`create_app`: serve any `Environment` over HTTP, WebSocket and MCP, as OpenEnv does
 
 Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 
@@ -48,9 +48,9 @@ class Guard:
     "ASGI middleware at a server's door: who may come in, how big a body, how many sockets open."
     def __init__(self, app, # the app behind the door
                  hub: Hub, # the server's shared state: its `doors`, `connections` and limits
-                 hot: dict[tuple[str, str], Hot] | None = None, # routes answered here when they can be
-                 ws: Callable | None = None, # the `/ws` route, without the app's layers; `None`: the app's
-                 direct: Callable[[dict], bool] | None = None): # may a request skip the app; `None`: yes
+                 hot: dict[tuple[str, str], Hot] | None = None, # routes answered here if they can be
+                 ws: Callable | None = None, # `/ws`, without the app's layers; `None`: the app's
+                 direct: Callable[[dict], bool] | None = None): # may a request skip the app? `None`: yes
         self.app, self.hub, self.hot, self.ws = app, hub, hot or {}, ws
         self.direct = direct or (lambda scope: True)
 
@@ -68,7 +68,7 @@ async def __call__(self, scope: dict, receive, send):
 # %% ../nbs/02_server.ipynb #d5a47885
 @patch_to(Guard)
 async def socket(self, scope: dict, receive, send):
-    "Let a WebSocket in while fewer than `max_connections` are open, and count it; `/ws` goes to `ws`."
+    "Let a WebSocket in while fewer than `max_connections` are open, and count it; `/ws` to `ws`."
     hub = self.hub
     if hub.connections >= hub.max_connections:
         return await deny(scope, receive, send, 503, "CAPACITY_REACHED",
@@ -89,7 +89,7 @@ def _too_large(limit: int, size: int | None = None) -> str:
 # %% ../nbs/02_server.ipynb #cd66fedd
 @patch_to(Guard)
 async def request(self, scope: dict, receive, send, h: dict):
-    "Read a body as it streams in, at most `max_body` bytes (or 413); answer a `hot` route, or the app."
+    "Read a body as it streams in, at most `max_body` bytes (or 413); answer it or call the app."
     limit = self.hub.doors.max_body
     size = int(h["content-length"]) if h.get("content-length", "").isdigit() else 0
     if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
@@ -155,7 +155,7 @@ DEFAULT_CAPACITY = 64  # environments a server holds when nothing else says
 def capacity(cls: type | None, # the environment class (`None`: unknown, an unannotated factory)
              asked: int | None = None # what the caller asked for
             ) -> int:
-    "Environments a server of `cls` holds at once: `asked`, `MAX_CONCURRENT_ENVS`, the class's, or 64."
+    "Environments a server of `cls` holds at once: `asked`, `MAX_CONCURRENT_ENVS`, its own, or 64."
     if asked is not None: return asked
     if not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False): return 1
     if n := os.environ.get("MAX_CONCURRENT_ENVS", "").strip(): return int(n)
@@ -197,7 +197,7 @@ def server_mode(mode: str | None = None # `simulation` or `production`; `None` r
 # %% ../nbs/02_server.ipynb #240cec1a
 def message_limit(n: int | None = None # what the caller asked for
                  ) -> int:
-    "`n`, `OPENENV_MAX_MESSAGE_SIZE` or 1 MiB: the longest text frame a server reads, in characters."
+    "`n`, `OPENENV_MAX_MESSAGE_SIZE` or 1 MiB: the longest text frame read, in characters."
     if n is None: n = int(os.environ.get("OPENENV_MAX_MESSAGE_SIZE", "").strip() or 1 << 20)
     if n < 1: raise ValueError(f"max_message_size must be at least 1, got {n}")
     return n
@@ -205,13 +205,13 @@ def message_limit(n: int | None = None # what the caller asked for
 # %% ../nbs/02_server.ipynb #0c0d3b65
 def preflight(cls: type | None # the environment class a server is about to serve
              ) -> None:
-    "Run `cls.preflight()` when the class has one: an environment that cannot keep its promises stops here."
+    "Run `cls.preflight()` when the class has one: one that cannot keep its promises stops here."
     check = getattr(cls, "preflight", None)
     if callable(check): check()
 
 # %% ../nbs/02_server.ipynb #0401ca54
 class App(FastAPI):
-    "The app `create_app` makes: FastAPI behind one `Guard`, which answers hot routes and `/ws` itself."
+    "The app `create_app` makes: FastAPI behind one `Guard`, answering hot routes and `/ws` itself."
     guard: Guard | None = None  # set by `create_app`; `None` (a bare `App`): FastAPI's own way in
     # FastAPI's telemetry on, as last read, and until when that reading holds
     _traced, _traced_until = True, 0.0
@@ -219,7 +219,7 @@ class App(FastAPI):
 # %% ../nbs/02_server.ipynb #11e2b8e2
 @patch_to(App)
 def traced(self) -> bool:
-    "Whether FastAPI's telemetry records requests: read at most once a second (asking costs a `/state`)."
+    "Whether FastAPI's telemetry records requests: read at most once a second."
     if (now := time.monotonic()) >= self._traced_until:
         self._traced, self._traced_until = self._native_telemetry.enabled(), now + 1.0
     return self._traced
@@ -227,44 +227,44 @@ def traced(self) -> bool:
 # %% ../nbs/02_server.ipynb #ff83c768
 @patch_to(App)
 def direct(self, scope: dict) -> bool:
-    "Whether a request may skip FastAPI's layers: no middleware added, the app not mounted, no telemetry."
+    "Whether a request may skip FastAPI's layers: no middleware, not mounted, no telemetry."
     return (not self.user_middleware and not self.root_path and not scope.get("root_path")
             and not self.traced())
 
 # %% ../nbs/02_server.ipynb #150a9fa2
 @patch_to(App)
 async def __call__(self, scope, receive, send):
-    "Every request and handshake goes through the app's `Guard`; a bare `App`, with none, is FastAPI."
+    "Every request and handshake goes through the app's `Guard`; a bare `App` is FastAPI."
     if self.guard is None: return await FastAPI.__call__(self, scope, receive, send)
     await self.guard(scope, receive, send)
 
 # %% ../nbs/02_server.ipynb #5fb45838
 @patch_to(App)
 async def ws_direct(self, scope, receive, send):
-    "Serve a `/ws` handshake as FastAPI's route would, with no middleware between session and socket."
+    "Serve a `/ws` handshake as FastAPI's route would, with no middleware in between."
     scope["app"] = self
     await ws_endpoint(WebSocket(scope, receive, send))
 
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(
-    env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
+    env: Callable[[], Environment], # an `Environment` class or zero-argument factory
     action_cls: type[Action] | None = None, # defaults to the one the environment declares
     observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
     env_name: str | None = None, # name in the app's title (`/metadata` is the environment's)
     max_concurrent_envs: int | None = None, # environments held at once; `None`: see `capacity`
-    session_timeout: float | None = 300.0, # idle seconds before a session or page is reaped; `None` never
-    max_message_size: int | None = None, # longest text frame, in characters; `None`: `message_limit`
+    session_timeout: float | None = 300.0, # idle seconds before a session is reaped; `None` never
+    max_message_size: int | None = None, # longest text frame (characters); `None`: `message_limit`
     workers: int | None = None, # threads for environments with blocking methods
-    metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the environment's own
-    web: bool | None = None, # serve the web interface at `/web`; `None` reads `ENABLE_WEB_INTERFACE`
-    max_timeout_s: float | None = None, # longest `timeout_s` a step may ask; `None`: the environment's
+    metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the env's own
+    web: bool | None = None, # serve `/web`; `None` reads `ENABLE_WEB_INTERFACE`
+    max_timeout_s: float | None = None, # longest `timeout_s` a step may ask; `None`: the env's
     max_session_age: float | None = None, # seconds a WebSocket session may last; `None` no limit
-    max_connections: int | None = None, # WebSockets open at once; `None`: `max_concurrent_envs + 64`
+    max_connections: int | None = None, # open WebSockets; `None`: `max_concurrent_envs + 64`
     max_body: int | None = None, # largest HTTP request body, in bytes; `None`: `max_message_size`
-    token: str | None = None, # the bearer token callers must send; `None` reads `OPENENV_TOKEN`; `""` none
-    allow_origins: list[str] | str | None = None, # origins let in; `None` reads `OPENENV_ALLOW_ORIGINS`
-    state_cls: type[State] | None = None, # the `State` of `/state` and `/schema`; `None`: the base `State`
-    reset_observation_cls: type[Observation] | None = None, # `reset`'s, for `/schema`; `None`: observation's
+    token: str | None = None, # the token callers send; `None` reads `OPENENV_TOKEN`; `""` none
+    allow_origins: list[str] | str | None = None, # origins let in; `None`: `OPENENV_ALLOW_ORIGINS`
+    state_cls: type[State] | None = None, # `/state`'s and `/schema`'s; `None`: the base `State`
+    reset_observation_cls: type[Observation] | None = None, # `reset`'s, for `/schema`
     mode: str | None = None, # `simulation` or `production`; `None` reads `OPENENV_MODE`
     max_sessions: int | None = None, # an alias of `max_concurrent_envs`
 ) -> FastAPI:
