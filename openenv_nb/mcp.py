@@ -44,7 +44,7 @@ RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 
 # %% ../nbs/01b_mcp.ipynb #c262d7ec
 class Tool(BaseModel):
-    "A tool as an environment lists it: its name, what it does, and the JSON Schema of its arguments."
+    "A tool as an environment lists it: its name, what it does, the JSON Schema of its arguments."
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="The tool's name, unique in its environment")
     description: str = Field(description="What the tool does, for a person or a model")
@@ -112,7 +112,7 @@ def parse_action(data: dict, # a step's data, as sent
                  action_cls: type[Action], # the environment's own action class
                  tools: bool = True # whether the environment takes tool actions
                 ) -> Action:
-    "The action `data` describes: a tool action when its `type` names one (and `tools`), else an `action_cls`."
+    "The action `data` describes: a tool action when its `type` names one, else an `action_cls`."
     cls = TOOL_ACTIONS.get(data.get("type")) if tools and isinstance(data, dict) else None
     # `model_validate` without its wrapper: every step
     return (cls or action_cls).__pydantic_validator__.validate_python(data)
@@ -145,14 +145,14 @@ def arg_docs(doc: str | None # a docstring
 
 # %% ../nbs/01b_mcp.ipynb #f39db086
 def param_docs(fn: Callable) -> dict[str, str]:
-    "What `fn` says about each parameter, in comments beside it (docments) or in its docstring's `Args:` section."
+    "What `fn` says of each parameter, in comments beside it (docments) or its docstring's `Args:`."
     try: comments = {k: v for k, v in docments(fn).items() if v and k != "return"}
     except Exception: comments = {}  # no source to read (a function built at run time)
     return {**comments, **arg_docs(fn.__doc__)}
 
 # %% ../nbs/01b_mcp.ipynb #e50b5b77
 def _tidy(s, defs: dict, seen: tuple = ()):
-    "`s` with `$ref`s into `defs` inlined (each at most once on a path) and pydantic's titles dropped."
+    "`s` with `$ref`s into `defs` inlined (at most once on a path) and pydantic's titles dropped."
     if isinstance(s, list): return [_tidy(x, defs, seen) for x in s]
     if not isinstance(s, dict): return s
     if (name := s.get("$ref", "").removeprefix("#/$defs/")) in defs and name not in seen:
@@ -166,7 +166,7 @@ def _tidy(s, defs: dict, seen: tuple = ()):
 # %% ../nbs/01b_mcp.ipynb #1b371997
 def clean_schema(schema: dict # a JSON Schema from pydantic
                 ) -> dict:
-    "`schema` as a tool shows it: nested models inlined, no generated titles; `$defs` kept only for recursive types."
+    "`schema` as a tool shows it: models inlined, no titles; `$defs` only for recursive types."
     defs = schema.get("$defs", {})
     out = _tidy(schema, defs)
     if '"$ref"' in json.dumps(out): out["$defs"] = {k: _tidy(v, defs, (k,))
@@ -186,7 +186,7 @@ def check_name(name: str # a tool's name
 # %% ../nbs/01b_mcp.ipynb #30819a82
 @dataclass(frozen=True)
 class FunctionTool:
-    "A function made a tool: what `tools/list` shows of it, the model that checks its arguments, and how to call it."
+    "A function made a tool: what `tools/list` shows, its arguments' model, how to call it."
     name: str  # the tool's name
     fn: Callable  # the function it calls
     description: str  # what it does
@@ -200,7 +200,7 @@ class FunctionTool:
 # %% ../nbs/01b_mcp.ipynb #b1c3efcb
 def _arguments(fn: Callable, name: str, skip_first: bool,
                without: str | None = None) -> tuple[type[BaseModel], tuple]:
-    "The pydantic model of `fn`'s parameters (the first skipped for a method, and `without`), with each field's parameter name."
+    "The pydantic model of `fn`'s parameters (not `self`, nor `without`), and their names."
     try: hints = typing.get_type_hints(fn, include_extras=True)
     except Exception: hints = {}
     ps = [p for p in inspect.signature(fn).parameters.values()
@@ -223,7 +223,7 @@ def function_tool(fn: Callable, # the function to call
                   skip_first: bool = False, # `fn` is a method: leave out `self`
                   context: str | None = None # the parameter that takes a context from the caller: not an argument
                  ) -> FunctionTool:
-    "`fn` as a tool: its schema from its type hints, its descriptions from its docstring and comments."
+    "`fn` as a tool: its schema from its type hints, descriptions from its docstring and comments."
     name = check_name(name or fn.__name__)
     model, params = _arguments(fn, name, skip_first, context)
     try: schema = clean_schema(model.model_json_schema(by_alias=True))
@@ -242,14 +242,14 @@ def tool(self: FunctionTool) -> Tool:
 @patch
 def check(self: FunctionTool, arguments: dict # the arguments as sent
          ) -> dict:
-    "`arguments` checked against the tool's parameters, as keyword arguments for its function; raises `ValidationError`."
+    "`arguments` checked against the tool's parameters, as keyword arguments; or `ValidationError`."
     # `model_validate` without its wrapper: a tool call's hot path
     m = self.args.__pydantic_validator__.validate_python(arguments)
     return {p: getattr(m, f) for f, p in self.params}
 
 # %% ../nbs/01b_mcp.ipynb #5c9e4190
 class ToolCallError(Exception):
-    "A tool call that failed: its `error_type`, a message, and pydantic's `errors` when the arguments were bad."
+    "A tool call that failed: its `error_type`, a message, pydantic's `errors` for bad arguments."
     def __init__(self, error_type: ToolErrorType | str, # why it failed
                  message: str, # what went wrong, for a person
                  errors: list | None = None): # pydantic's errors, JSON-safe (for `invalid_args`)
@@ -265,7 +265,7 @@ def error(self: ToolCallError) -> ToolError:
 # %% ../nbs/01b_mcp.ipynb #a06a163e
 def tool_result(value # what a tool function returned
                ) -> ToolResult:
-    "`value` as a `ToolResult`: a text block, the value as JSON, and as an object (`{'result': v}` unless it is one)."
+    "`value` as a `ToolResult`: a text block, the value as JSON, and as an object."
     if value is None: return ToolResult()
     data = value if type(value) is str else to_jsonable_python(value, fallback=str)
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
@@ -276,7 +276,7 @@ def tool_result(value # what a tool function returned
 
 # %% ../nbs/01b_mcp.ipynb #0c769537
 class ToolSet:
-    "Tools by name, declared with `@tools.tool` as on `fastmcp.FastMCP`, and called with their arguments checked."
+    "Tools by name, declared with `@tools.tool` as on `fastmcp.FastMCP`, called with checks."
     def __init__(self, name: str = "tools", # a name for the set (FastMCP's server name)
                  instructions: str | None = None, # how to use the tools, for a model
                  **kwargs): # FastMCP's other settings, accepted and ignored
@@ -298,7 +298,7 @@ def tool(self: ToolSet, fn: Callable | str | None = None, # the function; or the
          description: str | None = None, # what it does; defaults to the docstring
          **kwargs # FastMCP's other options (tags, annotations...), accepted and ignored
         ):
-    "Add a function as a tool: `@tools.tool`, `@tools.tool()`, `@tools.tool(name=..., description=...)`; gives back the function."
+    "Add a function as a tool: `@tools.tool`, `@tools.tool()`, `@tools.tool(name=...)`; returns it."
     if isinstance(fn, str): fn, name = None, fn
     def add(f):
         self.add(function_tool(f, name, description))
@@ -330,7 +330,7 @@ def list_tools(self: ToolSet, mode: str | None = None # the mode the caller is i
 @patch
 def _checked(self: ToolSet, name: str, arguments: dict | None,
              mode: str | None = None) -> tuple[FunctionTool, dict]:
-    "The tool `name` and its checked keyword arguments; `ToolCallError` for an unknown tool or bad arguments."
+    "The tool `name` and its checked keyword arguments; else `ToolCallError`."
     t = self.find_tool(name, mode)
     try: return t, t.check(arguments or {})
     except ValidationError as e:
@@ -348,7 +348,7 @@ async def call_tool_async(self: ToolSet, name: str, # the tool
                           mode: str | None = None, # the mode the caller is in
                           default_timeout_s: float | None = None # the limit when `timeout_s` is `None` (a step's `tool_timeout_s`)
                          ) -> ToolResult:
-    "Call a tool within its time limit: a coroutine function is awaited on the loop, any other runs in a thread; failures are `ToolCallError`s."
+    "Call a tool within its time limit, async on the loop, sync in a thread; or `ToolCallError`."
     t, kw = self._checked(name, arguments, mode)
     limit = timeout_s or default_timeout_s
     try: value = await within(t.fn(**kw) if t.is_async else asyncio.to_thread(t.fn, **kw), limit)
@@ -363,7 +363,7 @@ async def call_tool_async(self: ToolSet, name: str, # the tool
 
 # %% ../nbs/01b_mcp.ipynb #e1d54596
 def _run_sync(coro: Awaitable):
-    "The result of `coro`, run from sync code; in a thread of its own when this thread runs an event loop (a notebook)."
+    "The result of `coro`, run from sync code; in a thread of its own under a running loop."
     try: asyncio.get_running_loop()
     except RuntimeError: return asyncio.run(coro)
     with ThreadPoolExecutor(1) as ex: return ex.submit(asyncio.run, coro).result()
@@ -383,7 +383,7 @@ def call_tool(self: ToolSet, name: str, # the tool
 
 # %% ../nbs/01b_mcp.ipynb #5e2a0906
 def _listed(server) -> list:
-    "The tool objects of a `fastmcp.FastMCP` (2 or 3) or `mcp` SDK server, which carry `name` and `fn`."
+    "The tool objects (with `name` and `fn`) of a `fastmcp.FastMCP` (2 or 3) or `mcp` SDK server."
     # mcp SDK
     if hasattr(manager := getattr(server, "_tool_manager", None),
                "list_tools"): return list(manager.list_tools())
@@ -397,7 +397,7 @@ def _listed(server) -> list:
 def context_param(server, # a tool server
                   fn: Callable # one of its tools' functions
                  ) -> str | None:
-    "The parameter of `fn` that takes fastmcp's `Context`, when `server` is a `fastmcp` server; else `None`."
+    "The parameter of `fn` taking fastmcp's `Context`, for a `fastmcp` server; else `None`."
     if type(server).__module__.partition(".")[0] != "fastmcp": return None
     from fastmcp import Context
     from fastmcp.utilities.types import find_kwarg_by_type
@@ -424,7 +424,7 @@ def server_tools(server # a `ToolSet`, `fastmcp.FastMCP` or `mcp.server.fastmcp.
 def with_context(t: FunctionTool, # a tool whose function takes a context (its `context` parameter)
                  enter: Callable[[], contextlib.AbstractAsyncContextManager] # makes the context for one call
                 ) -> FunctionTool:
-    "`t` as a coroutine tool that calls its function within a context that `enter()` makes for each call."
+    "`t` as a coroutine tool calling its function within a context `enter()` makes for each call."
     async def call(**kw):
         async with enter() as kw[t.context]:
             return await t.fn(**kw) if t.is_async else await asyncio.to_thread(t.fn, **kw)
@@ -434,7 +434,7 @@ def with_context(t: FunctionTool, # a tool whose function takes a context (its `
 def fastmcp_context(server, # a `fastmcp.FastMCP`
                     session # one environment's `ToolSession`: the key of its fastmcp state
                    ) -> contextlib.AbstractAsyncContextManager:
-    "A fastmcp `Context` of `server`, whose `get_state`/`set_state` keep state for `session`, for one tool call."
+    "A fastmcp `Context` of `server` for one tool call, keeping `session`'s state."
     from fastmcp import Context
     return Context(fastmcp=server, session=session)
 
@@ -443,7 +443,7 @@ def tool(fn: Callable | None = None, # the method
          *, name: str | None = None, # the tool's name; defaults to the method's
          description: str | None = None # what it does; defaults to the docstring
         ) -> Callable:
-    "Make a method of an `MCPEnvironment` a tool: `@tool` or `@tool(name=..., description=...)`; its schema comes when the class is made."
+    "Make a method of an `MCPEnvironment` a tool: `@tool` or `@tool(name=..., description=...)`."
     def mark(f):
         f.__openenv_tool__ = dict(name=check_name(name or f.__name__), description=description)
         return f
@@ -454,7 +454,7 @@ _IDS: list[bytes] = []  # random bytes for episode ids, read from the OS 4 KiB a
 os.register_at_fork(after_in_child=_IDS.clear)  # a forked worker must not hand out its parent's ids
 
 def new_episode_id() -> str:
-    "A new random episode id: a version 4 UUID, as `str(uuid4())` writes it, its bytes from `os.urandom` 256 ids at a time."
+    "A new random episode id: a version 4 UUID as `str(uuid4())` writes it, from `os.urandom`."
     try: b = bytearray(_IDS.pop())
     except IndexError:
         buf = os.urandom(4096)
@@ -465,7 +465,7 @@ def new_episode_id() -> str:
 
 # %% ../nbs/01b_mcp.ipynb #427d4e51
 class ToolSession:
-    "The session fastmcp's `Context` sees in a tool we call directly: a key for the environment's state, and no client to send to."
+    "The session fastmcp's `Context` sees in a tool we call: a key for the env's state, no client."
     # where fastmcp keeps a session's id, which names its state
     def __init__(self): self._fastmcp_state_prefix = new_episode_id()
     # fastmcp has written the message to its own server log already
@@ -479,7 +479,7 @@ class ToolSession:
 
 # %% ../nbs/01b_mcp.ipynb #70c48633
 class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
-    "An environment whose agent acts by calling tools, listed and called with `ListToolsAction` and `CallToolAction`."
+    "An environment whose agent acts by calling tools, with `ListToolsAction` and `CallToolAction`."
     tool_timeout_s: float | None = 30.0  # a tool call's time limit when the caller gives none, async tools too (upstream's 30 s)
     _mode: str | None = None  # `"production"` or `"simulation"`: which tools of one mode are shown (upstream's)
     _class_tools: dict = {}  # tool name -> (method name, FunctionTool), for each subclass
@@ -508,7 +508,7 @@ class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
 # %% ../nbs/01b_mcp.ipynb #06a3cc92
 @patch_to(MCPEnvironment)
 def _own_server(self) -> ToolSet:
-    "The `ToolSet` an environment gets when `__init__` was given no server: empty until `@self.tool()` adds to it."
+    "The `ToolSet` of an environment given no server: empty until `@self.tool()` adds to it."
     return ToolSet(type(self).__name__)
 
 MCPEnvironment.mcp_server = lazy(MCPEnvironment._own_server)
@@ -517,7 +517,7 @@ MCPEnvironment.mcp_server.__set_name__(MCPEnvironment, "mcp_server")
 # %% ../nbs/01b_mcp.ipynb #ad7cbedc
 @patch_to(MCPEnvironment)
 def _tools(self) -> ToolSet:
-    "Every tool of this environment: its server's (a context made for this environment), then its class's `@tool` methods bound to it."
+    "Every tool of this environment: its server's, then its class's `@tool` methods bound to it."
     ts, session = ToolSet(type(self).__name__), ToolSession()
     for t in server_tools(self.mcp_server):
         ts.add(with_context(t, partial(fastmcp_context, self.mcp_server, session)) if t.context
@@ -556,14 +556,14 @@ def __init_subclass__(cls: MCPEnvironment, **kwargs):
 @patch
 def _step_impl(self: MCPEnvironment, action: Action, timeout_s: float | None = None,
                **kwargs) -> Observation:
-    "Take an action that is not a tool action: a subclass with actions of its own writes this (as upstream)."
+    "Take an action that is not a tool action: a subclass with actions of its own writes this."
     raise TypeError(f"{type(self).__name__} takes ListToolsAction or CallToolAction, not "
                     f"{type(action).__name__}")
 
 # %% ../nbs/01b_mcp.ipynb #eb6f3b45
 @patch
 def _tick(self: MCPEnvironment):
-    "Count a step in `state`, unless the subclass keeps its own (it wrote `state`), as upstream code does."
+    "Count a step in `state`, unless the subclass keeps its own (wrote `state`), as upstream does."
     if type(self).state is MCPEnvironment.state: self._state.step_count += 1
 
 # %% ../nbs/01b_mcp.ipynb #f3d5e72a
@@ -593,7 +593,7 @@ def step(self: MCPEnvironment, action: Action, # a tool action, or one of the en
 @patch
 async def step_async(self: MCPEnvironment, action: Action, timeout_s: float | None = None,
                      **kwargs) -> Observation:
-    "`step` for the server: tools as `ToolSet.call_tool_async` runs them, within `timeout_s`, else `tool_timeout_s`."
+    "`step` for the server: tools as `call_tool_async` runs them, within `timeout_s`."
     cls = type(self)
     # a subclass wrote only `step`
     if cls.step is not MCPEnvironment.step and cls.step_async is MCPEnvironment.step_async:
@@ -615,7 +615,7 @@ MCPEnvironment.__abstractmethods__ = frozenset()
 @patch
 def tool(self: MCPEnvironment, mode: str | None = None # `"production"` or `"simulation"` to show the tool in that mode only
         ) -> Callable:
-    "Upstream's decorator: `@self.tool()` in `__init__` adds a function as a tool of this environment."
+    "Upstream's decorator: `@self.tool()` in `__init__` adds a tool to this environment."
     if mode not in (None, "production", "simulation"):
         raise ValueError(f"Invalid mode {mode!r}: 'production', 'simulation' or None")
     def add(f):
@@ -635,7 +635,7 @@ async def call_tool_async(self: MCPEnvironment, name: str, # the tool
                           arguments: dict | None = None, # its arguments
                           timeout_s: float | None = None # a time limit; `None`: the environment's `tool_timeout_s`
                          ) -> ToolResult:
-    "Call a tool, as `tools/call` does: not a step (no count, no reward); failures are `ToolCallError`s."
+    "Call a tool, as `tools/call` does: not a step (no count, no reward); or `ToolCallError`."
     return await self.toolset.call_tool_async(name, arguments, timeout_s, self._mode,
                                               self.tool_timeout_s)
 
@@ -668,7 +668,7 @@ class MCPEchoEnvironment(MCPEnvironment):
 @patch
 def reset(self: MCPEchoEnvironment, seed: int | None = None, episode_id: str | None = None,
           **kwargs) -> Observation:
-    "Start a new episode and say the tools are ready (`metadata={'status': 'ready'}`), as upstream's MCP echo does."
+    "Start a new episode; say the tools are ready (`metadata={'status': 'ready'}`), as upstream."
     self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
     return self._apply_transform(Observation(reward=0.0, metadata={"status": "ready"}))
 
@@ -683,7 +683,7 @@ PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 
 # %% ../nbs/01b_mcp.ipynb #6b858877
 class RpcError(Exception):
-    "A JSON-RPC error to answer: its `code`, `message` and `data`, and the request's `id` when it could be read."
+    "A JSON-RPC error to answer: its `code`, `message` and `data`, and the request's `id` if read."
     def __init__(self, code: int, message: str, data: Any = None, id: str | int | None = None):
         super().__init__(message)
         self.code, self.message, self.data, self.id = code, message, data, id
@@ -711,7 +711,7 @@ def _valid_id(rid) -> bool: return rid is None or (isinstance(rid, (str, int))
 # %% ../nbs/01b_mcp.ipynb #a6be57be
 def parse_request(message: str | bytes | dict # a JSON-RPC message, as text or decoded
                  ) -> tuple[str, Any, str | int | None, bool]:
-    "`(method, params, id, is_notification)` of a request; `RpcError` (-32700 or -32600) for anything else."
+    "`(method, params, id, is_notification)` of a request; else `RpcError` (-32700 or -32600)."
     if isinstance(message, (str, bytes, bytearray)):
         try: message = json.loads(message)
         except (ValueError, RecursionError) as e:
@@ -745,7 +745,7 @@ class RpcCall:
 # %% ../nbs/01b_mcp.ipynb #8e8af49a
 @patch
 async def tool_env(self: RpcCall) -> Environment:
-    "The environment to call tools on (made only now, when a method needs one); -32603 for one without tools that `step` cannot reach."
+    "The environment to call tools on (made only when needed); -32603 when tools are out of reach."
     env = self.env if isinstance(self.env, Environment) else await self.env(self.params)
     if not isinstance(env, MCPEnvironment) and self.step is None:
         raise RpcError(INTERNAL_ERROR, "Environment does not support MCP")
@@ -757,7 +757,7 @@ async def stepped(self: RpcCall, env: Environment, # an environment without tool
                   action: Action, # the tool action that stands for the method
                   want: type[Observation] # the observation the method needs
                  ) -> Observation:
-    "What `env` answers when `step` takes `action` (upstream's MCP-style step); -32603 when it is not a `want`."
+    "What `env` answers when `step` takes `action` (MCP-style step); -32603 if not a `want`."
     obs = await self.step(env, action)
     if not isinstance(obs, want): raise RpcError(INTERNAL_ERROR,
                                                  f"MCP-style {type(action).__name__} step returned "
@@ -785,7 +785,7 @@ async def _tools_list(call: RpcCall) -> dict:
 
 # %% ../nbs/01b_mcp.ipynb #f8755681
 def mcp_result(r: ToolResult) -> dict:
-    "A `tools/call` result: the `ToolResult`'s fields (read by upstream's clients), and MCP's `structuredContent` and `isError`."
+    "A `tools/call` result: the `ToolResult`'s fields, and MCP's `structuredContent` and `isError`."
     d = r.model_dump(mode="json")
     d["isError"] = r.is_error
     if r.structured_content is not None: d["structuredContent"] = r.structured_content
@@ -793,7 +793,7 @@ def mcp_result(r: ToolResult) -> dict:
 
 # %% ../nbs/01b_mcp.ipynb #9d11780b
 async def _tools_call(call: RpcCall) -> dict:
-    "Call the tool the params name: unknown tool or bad arguments -32602; a tool that raised -32603, or `isError` for an MCP client."
+    "Call the tool the params name: -32602 for a bad call; -32603 (or `isError`) if it raised."
     name, args = call.params.get("name"), call.params.get("arguments")
     if not isinstance(name, str) or not name:
         raise RpcError(INVALID_PARAMS, "Missing 'name' in params")
