@@ -1,4 +1,4 @@
-"""The one action path of a server: check a call, run it on an environment, answer with a reply frame or an error frame; and the `Hub` every route shares.
+"""A server's one action path (check a call, run it, answer a frame) and the `Hub` every route shares
 
 Docs: https://openenv-nb.github.io/openenv-nb/actions.html.md"""
 
@@ -29,7 +29,8 @@ from .doors import Doors
 from .environment import Environment, overrides
 from .mcp import CallToolAction, ListToolsAction, RpcError, parse_action, rpc
 from .rubrics import rubric_scores
-from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation, ResetRequest, State,
+from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation,
+                              ResetRequest, State,
                               error_frame, to_envelope)
 
 # %% ../nbs/01a_actions.ipynb #02fd4629
@@ -55,7 +56,7 @@ def _definer(cls: type, name: str) -> type | None:
 # %% ../nbs/01a_actions.ipynb #999eb30b
 @functools.lru_cache(maxsize=256)
 def _twin(cls: type, name: str) -> str | None:
-    "The name of the async twin of `cls`'s method `name`, when the class wrote one at or below the sync method."
+    "The name of `cls`'s async twin of method `name`, when written at or below the sync method."
     twin = name + "_async"
     if not overrides(cls, twin): return None
     sync = _definer(cls, name)
@@ -68,8 +69,9 @@ async def call_env(env: Environment, # the session's environment
                    name: str, # `"reset"` or `"step"`
                    pool: ThreadPoolExecutor, # where blocking methods run
                    *args, **kwargs):
-    "Call `env.name` (or its async twin, on the class or set on the instance) with the keyword arguments it accepts."
-    if (twin := _twin(type(env), name)) is not None or (twin := _ASYNC[name]) in getattr(env, "__dict__", ()):
+    "Call `env.name` (or its async twin) with the keyword arguments it accepts."
+    if ((twin := _twin(type(env), name)) is not None
+            or (twin := _ASYNC[name]) in getattr(env, "__dict__", ())):
         fn = getattr(env, twin)
         return await fn(*args, **accepted(fn, kwargs)) if kwargs else await fn(*args)
     fn = getattr(env, name)
@@ -80,23 +82,24 @@ async def call_env(env: Environment, # the session's environment
 
 # %% ../nbs/01a_actions.ipynb #5acdc59a
 _log = logging.getLogger("openenv_nb.actions")
-QUICK_S, QUICK_RUNS = 0.001, 8  # a factory that ran this quickly this many times in a row is called on the event loop
+# a factory that ran this quickly this many times in a row is called on the event loop
+QUICK_S, QUICK_RUNS = 0.001, 8
 
 # %% ../nbs/01a_actions.ipynb #930c5afe
 class Hub:
     "What every session and route of one server shares: every field is declared here."
-    def __init__(self, env: Callable[[], Environment], # an `Environment` class or zero-argument factory
+    def __init__(self, env: Callable[[], Environment], # an `Environment` class or a factory
                  action_cls: type[Action], # what a step's data must be
                  observation_cls: type[Observation], # what the environment returns
                  state_cls: type[State] = State, # what its `state` is
                  max_sessions: int = 1, # environments the sessions and HTTP calls may hold at once
-                 session_timeout: float | None = None, # idle seconds before a session is reaped; `None` never
+                 session_timeout: float | None = None, # idle seconds before a session ends; `None` never
                  max_message_size: int = 1 << 20, # longest text frame read, in characters
-                 workers: int | None = None, # threads for blocking calls; `None` picks from `max_sessions`
+                 workers: int | None = None, # threads for blocking calls; `None`: by `max_sessions`
                  metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, once known
                  max_timeout_s: float | None = None, # longest `timeout_s` a step may ask for
-                 max_session_age: float | None = None, # seconds a WebSocket session may last; `None` no limit
-                 max_connections: int | None = None, # WebSockets open at once; `None`: `max_sessions + 64`
+                 max_session_age: float | None = None, # seconds a WebSocket session may last; `None` any
+                 max_connections: int | None = None, # open WebSockets; `None`: `max_sessions + 64`
                  doors: Doors | None = None, # who may call; `None`: `Doors(max_body=max_message_size)`
                  reset_observation_cls: type[Observation] | None = None): # what `reset` returns, for `/schema`
         store_attr(but="env,workers,max_connections,doors,reset_observation_cls")
@@ -104,9 +107,11 @@ class Hub:
         self.max_connections = max_connections or max_sessions + 64
         self.doors = doors or Doors(max_body=max_message_size)
         self.reset_observation_cls = reset_observation_cls or observation_cls
-        self._pool, self.active, self.connections = None, 0, 0  # see `pool`; environments held; WebSockets open
+        # see `pool`; environments held; WebSockets open
+        self._pool, self.active, self.connections = None, 0, 0
         self.quick, self.quick_s = 0, QUICK_S  # see `make_env`
-        # MCP (see `mcp_sessions`): tool actions, the JSON-RPC session methods and what `initialize` reports
+        # MCP (see `mcp_sessions`): tool actions, the JSON-RPC session methods and what `initialize`
+        # reports
         self.tools, self.rpc_methods, self.rpc_info = False, {}, None
         self.sessions: dict[str, Environment] = {}  # the HTTP MCP sessions, by id
         self.attached: set[str] = set()  # those a `/ws?session_id=` socket holds
@@ -117,8 +122,9 @@ class Hub:
 # %% ../nbs/01a_actions.ipynb #499ec179
 @patch_to(Hub, as_prop=True)
 def pool(self) -> ThreadPoolExecutor:
-    "The thread pool for blocking environment calls, made on first use (threads start only as needed)."
-    if self._pool is None: self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="openenv-env")
+    "The thread pool for blocking environment calls, made on first use (its threads as needed)."
+    if self._pool is None: self._pool = ThreadPoolExecutor(self.workers,
+                                                           thread_name_prefix="openenv-env")
     return self._pool
 
 # %% ../nbs/01a_actions.ipynb #c5a7acdb
@@ -137,10 +143,11 @@ def _timed(fn: Callable) -> tuple[Any, float]:
 # %% ../nbs/01a_actions.ipynb #e462d299
 @patch_to(Hub)
 async def make_env(self) -> Environment:
-    "A new environment, built in the thread pool, or on the event loop once the factory has proven quick (see below)."
+    "A new environment, built in the thread pool, or on the loop once the factory has proven quick."
     if self.quick >= QUICK_RUNS:
         try: env, took = _timed(self.factory)
-        except Exception: self.quick = -1  # it cannot run on the loop (it may start a loop of its own): the pool from now on
+        # it cannot run on the loop (it may start a loop of its own): the pool from now on
+        except Exception: self.quick = -1
         else:
             if took > self.quick_s: self.quick = 0
             return env
@@ -151,15 +158,18 @@ async def make_env(self) -> Environment:
 # %% ../nbs/01a_actions.ipynb #7221a28e
 @patch_to(Hub)
 async def close_env(self, env: Environment):
-    "Close `env` in the thread pool (nothing to do when it keeps `Environment`'s empty `close`), logging (never raising) what `close` raised."
-    if getattr(type(env), "close", None) is Environment.close and "close" not in getattr(env, "__dict__", ()): return
+    "Close `env` in the thread pool, logging (never raising) what `close` raised."
+    # nothing to do when it keeps `Environment`'s empty `close`
+    if (getattr(type(env), "close", None) is Environment.close
+            and "close" not in getattr(env, "__dict__", ())):
+        return
     try: await asyncio.get_running_loop().run_in_executor(self.pool, env.close)
     except Exception: _log.exception("closing %s failed", type(env).__name__)
 
 # %% ../nbs/01a_actions.ipynb #1bfab6a6
 @patch_to(Hub)
 def health(self) -> dict:
-    "What `/health` reports: status, the environments in use and the WebSockets open, with their limits."
+    "What `/health` reports: status, environments in use and WebSockets open, with their limits."
     return {"status": "healthy", "active_sessions": self.active, "max_sessions": self.max_sessions,
             "connections": self.connections, "max_connections": self.max_connections}
 
@@ -168,7 +178,8 @@ def invalid(message: str, # what was invalid, for a person
             e: ValidationError # what pydantic found
            ) -> dict:
     "A `VALIDATION_ERROR` frame carrying pydantic's list of errors, made safe for JSON."
-    return error_frame(ErrorCode.VALIDATION_ERROR, message, errors=json.loads(e.json(include_url=False)))
+    return error_frame(ErrorCode.VALIDATION_ERROR, message,
+                       errors=json.loads(e.json(include_url=False)))
 
 # %% ../nbs/01a_actions.ipynb #944d7777
 def raised(e: BaseException) -> dict:
@@ -179,27 +190,31 @@ def raised(e: BaseException) -> dict:
 def factory_error(hub: Hub, e: BaseException) -> dict:
     "The `FACTORY_ERROR` frame for a factory that raised `e`, logged."
     _log.error("environment factory failed: %s: %s", type(e).__name__, e)
-    return error_frame(ErrorCode.FACTORY_ERROR, f"Could not create the environment: {type(e).__name__}: {e}",
+    return error_frame(ErrorCode.FACTORY_ERROR,
+                       f"Could not create the environment: {type(e).__name__}: {e}",
                        factory_name=getattr(hub.factory, "__name__", repr(hub.factory)))
 
 # %% ../nbs/01a_actions.ipynb #683eb0aa
 def at_capacity(hub: Hub) -> dict:
-    "The `CAPACITY_REACHED` frame for a server whose environments are all in use, in OpenEnv's words."
-    return error_frame(ErrorCode.CAPACITY_REACHED, f"Server at capacity: {hub.active}/{hub.max_sessions} sessions active. "
-                       "Cannot accept new connections.", active_sessions=hub.active, max_sessions=hub.max_sessions)
+    "The `CAPACITY_REACHED` frame of a server whose environments are all in use, in OpenEnv's words."
+    return error_frame(ErrorCode.CAPACITY_REACHED,
+                       f"Server at capacity: {hub.active}/{hub.max_sessions} sessions active. "
+                       "Cannot accept new connections.", active_sessions=hub.active,
+                       max_sessions=hub.max_sessions)
 
 # %% ../nbs/01a_actions.ipynb #e864c145
 @dataclass(frozen=True)
 class Kind:
     "How one kind of call is checked, run and named when its data is bad."
-    check: Callable[[Hub, dict], Any] # `(hub, data)` -> the runner's `args`; raises `ValidationError`
+    check: Callable[[Hub, dict], Any] # `(hub, data)` -> the runner's `args`; or `ValidationError`
     run: Callable[..., Awaitable[dict]] # `(hub, env, args, **extra)` -> the reply frame
-    invalid: str = "Invalid data" # the message of the `VALIDATION_ERROR`; `{action}` names the action class
-    lazy: bool = False # the runner gets a factory as it is, and makes an environment only when it needs one
+    invalid: str = "Invalid data" # the `VALIDATION_ERROR`'s message; `{action}`: the action class
+    lazy: bool = False # the runner gets the factory, and makes an environment only when it needs one
 
 
 # %% ../nbs/01a_actions.ipynb #bc940f20
-def _as_reset(hub: Hub, data: dict) -> dict: return ResetRequest.model_validate(data).model_dump(exclude_unset=True)
+def _as_reset(hub: Hub, data: dict) -> dict:
+    return ResetRequest.model_validate(data).model_dump(exclude_unset=True)
 def _as_action(hub: Hub, data: dict) -> Action: return parse_action(data, hub.action_cls, hub.tools)
 def _no_args(hub: Hub, data: dict) -> None: return None
 
@@ -212,7 +227,7 @@ async def _reset(hub: Hub, env: Environment, kw: dict, **extra) -> dict:
 
 # %% ../nbs/01a_actions.ipynb #d97e99f6
 def step_limit(hub: Hub, env: Environment) -> float | None:
-    "The longest `timeout_s` a step of `env` may have: the smaller of the server's `max_timeout_s` and the environment's own."
+    "The longest `timeout_s` a step of `env` may have: the server's `max_timeout_s` or the env's own."
     limits = [t for t in (hub.max_timeout_s, getattr(env, "max_timeout_s", None)) if t is not None]
     return min(limits) if limits else None
 
@@ -222,7 +237,7 @@ RUBRIC_KEY = "rubric"  # where a step's rubric scores go in its observation's `m
 
 # %% ../nbs/01a_actions.ipynb #2d202b53
 async def _step(hub: Hub, env: Environment, action: Action, **extra) -> dict:
-    "Step `env` with the checked `action`; `extra` goes along when `step` takes it (`timeout_s` cut to `step_limit`)."
+    "Step `env` with the checked `action`; `extra` goes along when `step` takes it."
     if extra and extra.get("timeout_s") is not None and (limit := step_limit(hub, env)) is not None:
         extra["timeout_s"] = min(extra["timeout_s"], limit)
     obs = await call_env(env, "step", hub.pool, action, **extra)
@@ -243,8 +258,9 @@ async def _metadata(hub: Hub, env: Environment, args=None, **extra) -> dict:
     return {"type": "metadata", "data": hub.metadata.model_dump(mode="json")}
 
 # %% ../nbs/01a_actions.ipynb #6a89e370
-async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]], params: dict) -> Environment:
-    "The environment a stateless JSON-RPC call names: an HTTP MCP session's (`session_id`), or a fresh one."
+async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]],
+                            params: dict) -> Environment:
+    "The environment a stateless JSON-RPC call names: an HTTP MCP session's, or a fresh one."
     if (sid := params.get("session_id")) is None: return await fresh()
     if (env := hub.sessions.get(sid)) is None: raise RpcError(-32602, f"Unknown session_id: {sid}")
     return env
@@ -252,7 +268,7 @@ async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]
 
 # %% ../nbs/01a_actions.ipynb #215d7316
 async def _mcp(hub: Hub, env, message, **extra) -> dict:
-    "The JSON-RPC answer to `message` on `env` (or on the environment its `session_id` names, else a fresh one)."
+    "The JSON-RPC answer to `message` on `env` (or the one its `session_id` names, else a fresh one)."
     extra.setdefault("notifications", False)
     if hub.action_cls in (CallToolAction, ListToolsAction):
         extra["step"] = lambda env, action: call_env(env, "step", hub.pool, action)
@@ -265,7 +281,8 @@ KINDS: dict[str, Kind] = {
     "step": Kind(_as_action, _step, "Invalid action for {action}"),
     "state": Kind(_no_args, _state),
     "metadata": Kind(_no_args, _metadata),
-    "mcp": Kind(lambda hub, data: data, _mcp, lazy=True),  # `rpc` checks its own input: its errors are JSON-RPC errors
+    # `rpc` checks its own input: its errors are JSON-RPC errors
+    "mcp": Kind(lambda hub, data: data, _mcp, lazy=True),
 }
 
 
@@ -276,16 +293,18 @@ class Checked(NamedTuple):
 
 # %% ../nbs/01a_actions.ipynb #374ea3a5
 async def act(hub: Hub, # the server's shared state
-              env: Environment | Callable[[], Awaitable[Environment]], # the environment, or a coroutine function making it
+              env: Environment | Callable[[], Awaitable[Environment]], # it, or an async factory
               kind: str, # a key of `KINDS`
               data: dict, # the call's data, as sent (or `Checked`: already checked)
               **extra # more keyword arguments for the environment's method (e.g. `timeout_s`)
              ) -> dict:
-    "The action path: the reply or error frame to one `kind` call with `data` on `env`; it never raises."
-    if (k := KINDS.get(kind)) is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}")
+    "The action path: the reply or error frame to one `kind` call with `data` on `env`; never raises."
+    if (k := KINDS.get(kind)) is None: return error_frame(ErrorCode.UNKNOWN_TYPE,
+                                                          f"Unknown message type: {kind}")
     try: args = data.args if type(data) is Checked else k.check(hub, data)
     except ValidationError as e: return invalid(k.invalid.format(action=hub.action_cls.__name__), e)
-    if isinstance(env, (FunctionType, MethodType)) and not k.lazy:  # a coroutine function that makes the environment
+    # a coroutine function that makes the environment
+    if isinstance(env, (FunctionType, MethodType)) and not k.lazy:
         try: env = await env()
         except Exception as e: return factory_error(hub, e)
     try: return await k.run(hub, env, args, **extra)
@@ -306,8 +325,10 @@ def http_reply(frame: dict # a reply or error frame
 # %% ../nbs/01a_actions.ipynb #dc5686b0
 class HTTPError(BaseModel):
     "The body of a 422, 500 or 503 reply."
-    detail: Any = Field(description="A list of validation errors (422), or the code and message of an environment error (500) or of a full server (503)")
+    detail: Any = Field(description="A list of validation errors (422), or the code and message of "
+                                    "an environment error (500) or of a full server (503)")
 
 # %% ../nbs/01a_actions.ipynb #4d35303a
 ENVELOPE = dict(response_model=None,
-                responses={c: {"model": HTTPError} for c in (422, 500, 503)} | {200: {"model": Envelope}})
+                responses={c: {"model": HTTPError}
+                           for c in (422, 500, 503)} | {200: {"model": Envelope}})

@@ -1,4 +1,4 @@
-"""Small coroutine helpers: drive a coroutine on from where it waits, time it only if it waits, gather without a task per coroutine, and `lazy` attributes.
+"""Coroutine helpers: resume one where it waits, time it only if it waits, gather eagerly; `lazy`
 
 Docs: https://openenv-nb.github.io/openenv-nb/aio.html.md"""
 
@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 # %% ../nbs/00b_aio.ipynb #93f406d2
 @types.coroutine
 def resumed(coro, waiting):
-    "Drive `coro` on from its first suspension, where it waits on `waiting` (what it yields goes to the task)."
+    "Drive `coro` on from its first suspension, where it waits on `waiting`."
     while True:
         try: sent = yield waiting
         except BaseException as e:
@@ -29,7 +29,7 @@ def resumed(coro, waiting):
 async def within(coro: Awaitable, # a coroutine, not yet started
                  limit: float | None # seconds it may take; `None` (or 0) for no limit
                 ) -> Any:
-    "What `coro` returns, or `TimeoutError` after `limit` seconds; the timer is armed only if `coro` waits."
+    "What `coro` returns, or `TimeoutError` after `limit` seconds; a timer only if `coro` waits."
     if not limit: return await coro
     deadline = asyncio.get_running_loop().time() + limit
     try: waiting = coro.send(None)
@@ -38,7 +38,7 @@ async def within(coro: Awaitable, # a coroutine, not yet started
 
 # %% ../nbs/00b_aio.ipynb #b8bd7a41
 async def gather_eager(coros: list) -> list:
-    "Like `asyncio.gather`, but each coroutine runs at once, and only those that suspend get a task."
+    "`asyncio.gather`, but each coroutine runs at once; only those that suspend get a task."
     results, pending = [None] * len(coros), {}
     for i, c in enumerate(coros):
         try: waiting = c.send(None)
@@ -49,7 +49,7 @@ async def gather_eager(coros: list) -> list:
 
 # %% ../nbs/00b_aio.ipynb #86c86901
 class lazy:
-    "An attribute computed by `fn(obj)` on first use and kept on the instance: `functools.cached_property` without its lock (3.11's)."
+    "An attribute computed by `fn(obj)` on first use and kept on the instance."
     def __init__(self, fn: Callable): self.fn, self.name = fn, fn.__name__
     def __set_name__(self, owner, name): self.name = name
     def __get__(self, obj, cls=None):

@@ -37,26 +37,32 @@ class CommandError(Exception):
     "Arguments a command cannot act on: `main` prints the message and exits with status 1."
 
 # %% ../nbs/07_cli.ipynb #5d0e5684
-FAILURES = (CommandError, TargetError, ManifestError, ScaffoldError, PushError, SandboxError)  # what `main` prints as one line
+# what `main` prints as one line
+FAILURES = (CommandError, TargetError, ManifestError, ScaffoldError, PushError, SandboxError)
 
 # %% ../nbs/07_cli.ipynb #db717ade
 def _app_and_port(a: Namespace) -> tuple:
     "The app `openenv serve` runs for the arguments `a`, and the port: `--port`, else the project's, else 8000."
     if getattr(a, "insecure_sandbox", False): os.environ["OPENENV_SANDBOX_INSECURE"] = "1"
     obj, m = resolve(a.target)
-    door = {k: v for k, v in dict(token=getattr(a, "token", None), allow_origins=getattr(a, "allow_origin", None),
-            max_session_age=getattr(a, "max_session_age", None), max_connections=getattr(a, "max_connections", None),
+    door = {k: v for k, v in dict(token=getattr(a, "token", None),
+                                  allow_origins=getattr(a, "allow_origin", None),
+            max_session_age=getattr(a, "max_session_age", None),
+            max_connections=getattr(a, "max_connections", None),
             max_body=getattr(a, "max_body", None), max_timeout_s=getattr(a, "max_timeout", None),
             max_message_size=getattr(a, "max_message_size", None)).items() if v is not None}
-    app = app_for(obj, m, a.max_sessions, a.session_timeout or None, web=True if a.web else None, **door)
+    app = app_for(obj, m, a.max_sessions, a.session_timeout or None, web=True if a.web else None,
+                  **door)
     return app, a.port if a.port is not None else m.port if m is not None else 8000
 
 # %% ../nbs/07_cli.ipynb #02889367
 def _listening(host: str, port: int, e: OSError) -> CommandError:
     "What to tell someone whose server could not listen on `host:port` (`e`, from the bind)."
-    if e.errno == errno.EADDRINUSE: why = "is in use: stop what holds it, or choose another port with --port (0: any free one)"
+    if e.errno == errno.EADDRINUSE:
+        why = "is in use: stop what holds it, or choose another port with --port (0: any free one)"
     elif e.errno == errno.EACCES: why = "needs privileges: choose a port above 1023 with --port"
-    elif e.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME): why = "is not an address of this machine: check --host"
+    elif e.errno in (errno.EADDRNOTAVAIL,
+                     socket.EAI_NONAME): why = "is not an address of this machine: check --host"
     else: why = f"cannot be listened on: {e.strerror or e}"
     return CommandError(f"{host}:{port} {why}")
 
@@ -65,7 +71,8 @@ def cmd_serve(a: Namespace) -> int:
     "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), a name `openenv list` shows (wordle), or module:attribute."
     die_with_parent()
     app, port = _app_and_port(a)
-    if not 0 <= port <= 65535: raise CommandError(f"--port {port} is not a port: choose one from 1 to 65535 (0: any free one)")
+    if not 0 <= port <= 65535: raise CommandError(f"--port {port} is not a port: choose one from 1 "
+                                                  "to 65535 (0: any free one)")
     try: serve(app, host=a.host, port=port, log_level=a.log_level)
     except (OSError, socket.gaierror) as e: raise _listening(a.host, port, e) from None
     return 0
@@ -128,17 +135,21 @@ def _answering(url: str, # a server's URL
     u = urlsplit(url)
     port = u.port or (443 if u.scheme in ("https", "wss") else 80)
     try: socket.create_connection((u.hostname or "127.0.0.1", port), timeout=timeout).close()
-    except OSError: raise CommandError(f"nothing answers at {url}: is the server running? (start one with `openenv serve "
+    except OSError: raise CommandError(f"nothing answers at {url}: is the server running? (start "
+                                       "one with `openenv serve "
                                        f"NAME --port {port}`)") from None
     return url
 
 # %% ../nbs/07_cli.ipynb #41642698
 def cmd_validate(a: Namespace) -> int:
     "Check a project folder, an environment or a running server (--url), at the level asked for."
-    url, heads, token = _server_url(a), _headers(getattr(a, "header", None)), getattr(a, "token", None)
-    if (heads or token is not None) and not url: raise CommandError("--header and --token go to a running server: give its URL")
+    url, heads, token = _server_url(a), _headers(getattr(a, "header",
+                                                         None)), getattr(a, "token", None)
+    if (heads or token is not None) and not url:
+        raise CommandError("--header and --token go to a running server: give its URL")
     if url: _answering(url, a.timeout)
-    try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note, headers=heads, token=token)
+    try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note,
+                           headers=heads, token=token)
     except ValueError as e: raise CommandError(str(e)) from None
     print(json.dumps(report, indent=2) if a.json else format_report(report))
     return 0 if report["passed"] else 1
@@ -161,16 +172,19 @@ def _image_tag(a: Namespace) -> str | None:
 def cmd_build(a: Namespace) -> int:
     "Build an environment's Docker image: a project folder, or a built-in (echo, coding, gym, openspiel, textarena, chess). Needs a Docker engine."
     args, tag = _build_args(a.build_arg or []), _image_tag(a)
-    try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache, network=a.network, include=a.include or (), log=print)
+    try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache,
+               network=a.network, include=a.include or (), log=print)
     except ImageBuildError as e: raise CommandError(f"the image was not built: {e}") from e
     except FileNotFoundError as e: raise CommandError(str(e)) from e
-    except Exception as e: raise CommandError(f"{type(e).__name__}: {e} (is a Docker engine running?)") from e
+    except Exception as e: raise CommandError(f"{type(e).__name__}: {e} (is a Docker engine "
+                                              "running?)") from e
     return 0
 
 # %% ../nbs/07_cli.ipynb #8a494416
 def cmd_push(a: Namespace) -> int:
     "Deploy a project to a Hugging Face Space: stage it, create the Space, upload, print its URL."
-    push(a.path, repo_id=a.repo_id, private=a.private, dry_run=a.dry_run, web=a.web, base_image=a.base_image,
+    push(a.path, repo_id=a.repo_id, private=a.private, dry_run=a.dry_run, web=a.web,
+         base_image=a.base_image,
          include=a.include, token_secret=a.token_secret)
     return 0
 
@@ -183,7 +197,8 @@ def _episode(env, # a connected echo client (`EchoEnv(...).sync()`)
     print(f"reset   -> {r.observation.echoed_message!r}  reward={r.reward}  done={r.done}")
     for i, word in enumerate(words, 1):
         r = env.step(EchoAction(message=word))
-        print(f"step {i:<2} {word!r} -> {r.observation.echoed_message!r}  reward={r.reward:.1f}  done={r.done}")
+        print(f"step {i:<2} {word!r} -> {r.observation.echoed_message!r}  reward={r.reward:.1f}  "
+              f"done={r.done}")
     s = env.state()
     print(f"state   -> episode {s.episode_id}, {s.step_count} steps")
 
@@ -203,7 +218,8 @@ def cmd_list(a: Namespace) -> int:
         print(json.dumps(names) if a.json else "\n".join(names))
         return 0
     entries = list_envs()
-    print(json.dumps([e.model_dump() for e in entries], indent=2) if a.json else format_table(entries))
+    print(json.dumps([e.model_dump() for e in entries], indent=2) if a.json
+          else format_table(entries))
     return 0
 
 # %% ../nbs/07_cli.ipynb #3bf13125
@@ -225,7 +241,8 @@ def _sub(sub, # what `add_subparsers` returned
          epilog: str | None = None, # examples, under `openenv NAME --help`
         ) -> argparse.ArgumentParser:
     "The parser of subcommand `name`, run by `fn` and described by its docstring."
-    p = sub.add_parser(name, help=help, description=fn.__doc__, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(name, help=help, description=fn.__doc__, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=fn)
     return p
 
@@ -235,70 +252,109 @@ def _positive(text: str # an option's value, as typed
     "`text` as a whole number of at least 1, for argparse (which prints the error as one line)."
     try: n = int(text)
     except ValueError: n = 0
-    if n < 1: raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
     return n
 
 # %% ../nbs/07_cli.ipynb #7c32ad86
 def _serve_parser(sub):
     "`openenv serve TARGET`."
     s = _sub(sub, "serve", cmd_serve, "serve an environment",
-             "examples:\n  openenv serve echo --port 0       a free port, printed\n  openenv serve ./my_env --web      with the web page at /web\n"
-             "  openenv serve gym:CartPole-v1     any Gymnasium environment (pip install \"openenv-nb[gym]\")\n"
+             "examples:\n  openenv serve echo --port 0       a free port, printed\n  openenv serve "
+             "./my_env --web      with the web page at /web\n"
+             "  openenv serve gym:CartPole-v1     any Gymnasium environment (pip install "
+             "\"openenv-nb[gym]\")\n"
              "  openenv serve wordle              a name that `openenv list` shows\n"
              "  openenv serve my_pkg.env:MyEnvironment")
-    s.add_argument("target", help="a project folder (with openenv.yaml), a built-in (echo, coding), a family's (gym:ID, openspiel:GAME, "
-                                   "textarena:ID, chess), a name that `openenv list` shows (wordle), or module:attribute "
+    s.add_argument("target", help="a project folder (with openenv.yaml), a built-in (echo, "
+                                  "coding), a family's (gym:ID, openspiel:GAME, "
+                                   "textarena:ID, chess), a name that `openenv list` shows "
+                                   "(wordle), or module:attribute "
                                    "(an Environment class, a factory, or an app)")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it (default: the project's, else 8000)")
-    s.add_argument("--max-concurrent-envs", "--max-sessions", dest="max_sessions", type=int, default=None, metavar="N",
-                   help="environments held at once (default: $MAX_CONCURRENT_ENVS, else what the environment derives, "
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s)")
+    s.add_argument("--port", type=int, default=None, help="port; 0 picks a free one and prints it "
+                                                          "(default: the project's, else 8000)")
+    s.add_argument("--max-concurrent-envs", "--max-sessions", dest="max_sessions", type=int,
+                   default=None, metavar="N",
+                   help="environments held at once (default: $MAX_CONCURRENT_ENVS, else what the "
+                        "environment derives, "
                    "else 64; 1 for one that does not declare concurrent sessions)")
-    s.add_argument("--session-timeout", type=float, default=300.0, help="idle seconds before a session is reaped; 0 never (default: %(default)s)")
-    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    s.add_argument("--web", action="store_true", help="serve the web interface at /web (also: ENABLE_WEB_INTERFACE=true)")
-    s.add_argument("--token", help="require this bearer token on every route but /health (prefer OPENENV_TOKEN: it stays out of ps)")
-    s.add_argument("--allow-origin", action="append", metavar="ORIGIN", help="a browser origin allowed besides the server's own, "
+    s.add_argument("--session-timeout", type=float, default=300.0,
+                   help="idle seconds before a session is reaped; 0 never (default: %(default)s)")
+    s.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--web", action="store_true",
+                   help="serve the web interface at /web (also: ENABLE_WEB_INTERFACE=true)")
+    s.add_argument("--token", help="require this bearer token on every route but /health (prefer "
+                                   "OPENENV_TOKEN: it stays out of ps)")
+    s.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                   help="a browser origin allowed besides the server's own, "
                    "e.g. http://localhost:3000; repeat for more (also OPENENV_ALLOW_ORIGINS)")
-    s.add_argument("--max-session-age", type=float, metavar="S", help="seconds a WebSocket session may last (default: no limit)")
-    s.add_argument("--max-connections", type=int, metavar="N", help="WebSockets open at once, batch and pages included (default: max-sessions + 64)")
-    s.add_argument("--max-body", type=int, metavar="BYTES", help="largest HTTP request body (default: the frame limit)")
-    s.add_argument("--max-message-size", type=_positive, metavar="CHARS", help="longest WebSocket text frame, in characters, up to 100 MB "
+    s.add_argument("--max-session-age", type=float, metavar="S",
+                   help="seconds a WebSocket session may last (default: no limit)")
+    s.add_argument("--max-connections", type=int, metavar="N",
+                   help="WebSockets open at once, batch and pages included (default: max-sessions "
+                        "+ 64)")
+    s.add_argument("--max-body", type=int, metavar="BYTES",
+                   help="largest HTTP request body (default: the frame limit)")
+    s.add_argument("--max-message-size", type=_positive, metavar="CHARS",
+                   help="longest WebSocket text frame, in characters, up to 100 MB "
                    "frames for large observations (default: $OPENENV_MAX_MESSAGE_SIZE, else 1 MiB)")
-    s.add_argument("--max-timeout", type=float, metavar="S", help="longest timeout_s a step may ask for (default: the environment's own)")
-    s.add_argument("--insecure-sandbox", action="store_true", help="serve coding even where the sandbox cannot give every guarantee "
-                   "it promises (a warning in the log and in every observation); same as OPENENV_SANDBOX_INSECURE=1")
+    s.add_argument("--max-timeout", type=float, metavar="S",
+                   help="longest timeout_s a step may ask for (default: the environment's own)")
+    s.add_argument("--insecure-sandbox", action="store_true",
+                   help="serve coding even where the sandbox cannot give every guarantee "
+                   "it promises (a warning in the log and in every observation); same as "
+                   "OPENENV_SANDBOX_INSECURE=1")
 
 # %% ../nbs/07_cli.ipynb #9c15d912
 def _init_parser(sub):
     "`openenv init NAME [-o DIR] [--mcp]`."
     i = _sub(sub, "init", cmd_init, "make a new environment project",
-             "examples:\n  openenv init maze -o ~/envs     makes ~/envs/maze, with classes MazeAction, MazeEnvironment, MazeEnv, ...\n"
-             "  openenv init notes --mcp        a tool environment: NotesEnvironment (an MCPEnvironment) and its tools")
-    i.add_argument("name", help="the project's name, a Python package name in snake_case (e.g. my_env)")
-    i.add_argument("-o", "--output-dir", default=".", metavar="DIR", help="the folder to make the project in (default: the current one)")
-    i.add_argument("--mcp", action="store_true", help="a tool environment: an MCPEnvironment whose agent calls tools, listed and called over MCP")
+             "examples:\n  openenv init maze -o ~/envs     makes ~/envs/maze, with classes "
+             "MazeAction, MazeEnvironment, MazeEnv, ...\n"
+             "  openenv init notes --mcp        a tool environment: NotesEnvironment (an "
+             "MCPEnvironment) and its tools")
+    i.add_argument("name", help="the project's name, a Python package name in snake_case (e.g. "
+                                "my_env)")
+    i.add_argument("-o", "--output-dir", default=".", metavar="DIR",
+                   help="the folder to make the project in (default: the current one)")
+    i.add_argument("--mcp", action="store_true",
+                   help="a tool environment: an MCPEnvironment whose agent calls tools, listed and "
+                        "called over MCP")
 
 # %% ../nbs/07_cli.ipynb #ff7edd9c
 def _validate_parser(sub):
     "`openenv validate [PATH] [--url URL] [--level L] [--json] [--timeout S] [--header H] [--token T]`."
     v = _sub(sub, "validate", cmd_validate, "check a project, or a running server",
-             "examples:\n  openenv validate                                  the project in this folder\n"
-             "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo --level semantic            play episodes and check they mean something\n"
-             "  openenv validate wordle                           an environment by the name `openenv list` shows\n"
-             "  openenv validate https://org-env.hf.space --header \"Authorization: Bearer $HF_TOKEN\"   a private Space\n\n"
+             "examples:\n  openenv validate                                  the project in this "
+             "folder\n"
+             "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo "
+             "--level semantic            play episodes and check they mean something\n"
+             "  openenv validate wordle                           an environment by the name "
+             "`openenv list` shows\n"
+             "  openenv validate https://org-env.hf.space --header \"Authorization: Bearer "
+             "$HF_TOKEN\"   a private Space\n\n"
              "exit status: 0 when every required check passes, 1 otherwise")
     v.add_argument("path", nargs="?", default=None, metavar="PATH",
-                   help="a project folder (default: the current one), an environment (echo, gym:CartPole-v1, module:attribute, "
+                   help="a project folder (default: the current one), an environment (echo, "
+                        "gym:CartPole-v1, module:attribute, "
                         "a name `openenv list` shows), or a server's URL")
-    v.add_argument("--url", help="a running server's base URL: check it against the protocol, with a real episode")
-    v.add_argument("--json", action="store_true", help="print the report as JSON (OpenEnv's report layout)")
-    v.add_argument("--level", choices=LEVELS, default=None, help="static (no server), runtime (the protocol) or semantic "
+    v.add_argument("--url", help="a running server's base URL: check it against the protocol, with "
+                                 "a real episode")
+    v.add_argument("--json", action="store_true",
+                   help="print the report as JSON (OpenEnv's report layout)")
+    v.add_argument("--level", choices=LEVELS, default=None,
+                   help="static (no server), runtime (the protocol) or semantic "
                    "(episodes played for meaning); default: runtime for a URL, static otherwise")
-    v.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds for each request (default: %(default)s)")
-    v.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="a header for every request to the server, e.g. a "
+    v.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="seconds for each request (default: %(default)s)")
+    v.add_argument("--header", action="append", metavar="'NAME: VALUE'",
+                   help="a header for every request to the server, e.g. a "
                    "private Space's 'Authorization: Bearer HF_TOKEN'; repeat for more")
-    v.add_argument("--token", help="the server's own token (its OPENENV_TOKEN; default: $OPENENV_TOKEN), sent as Authorization, "
+    v.add_argument("--token", help="the server's own token (its OPENENV_TOKEN; default: "
+                                   "$OPENENV_TOKEN), sent as Authorization, "
                    "or as X-OpenEnv-Token when --header gives an Authorization")
 
 # %% ../nbs/07_cli.ipynb #c34a0bf4
@@ -306,34 +362,50 @@ def _build_parser(sub):
     "`openenv build [PATH] [-t TAG] [--base-image IMG] [--build-arg K=V] [--no-cache] [--network MODE]`."
     b = _sub(sub, "build", cmd_build, "build an environment's Docker image",
              "examples:\n  openenv build                                this project\n"
-             "  openenv build echo -t my-echo:dev\n  openenv build . --base-image my/python:3.11 --network host")
-    b.add_argument("path", nargs="?", default=".", metavar="PATH", help="a project folder with a Dockerfile, or a built-in: echo, coding, gym, openspiel, textarena, chess (default: .)")
+             "  openenv build echo -t my-echo:dev\n  openenv build . --base-image my/python:3.11 "
+             "--network host")
+    b.add_argument("path", nargs="?", default=".", metavar="PATH",
+                   help="a project folder with a Dockerfile, or a built-in: echo, coding, gym, "
+                        "openspiel, textarena, chess (default: .)")
     b.add_argument("-t", "--tag", help="the image's tag (default: openenv-NAME:latest)")
-    b.add_argument("--base-image", metavar="IMG", help="the BASE_IMAGE build argument (default: $OPENENV_BASE_IMAGE, else the Dockerfile's)")
+    b.add_argument("--base-image", metavar="IMG",
+                   help="the BASE_IMAGE build argument (default: $OPENENV_BASE_IMAGE, else the "
+                        "Dockerfile's)")
     b.add_argument("--build-arg", action="append", metavar="K=V", help="a build argument; repeat for more (never a secret: they stay in the image)")
     b.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     b.add_argument("--network", metavar="MODE", help="network for the build's RUN steps, e.g. host")
-    b.add_argument("--include", action="append", default=[], metavar="PATTERN", help="put files matching PATTERN (.gitignore syntax) "
-                   "in the context although an ignore file or the secret-file rules leave them out; repeat for more")
+    b.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="put files matching PATTERN (.gitignore syntax) "
+                   "in the context although an ignore file or the secret-file rules leave them "
+                   "out; repeat for more")
 
 # %% ../nbs/07_cli.ipynb #029e5ab7
 def _push_parser(sub):
     "`openenv push [PATH] [--repo-id ORG/NAME] [--private] [--dry-run] [--web] [--include PATTERN] [--token-secret]`."
     p = _sub(sub, "push", cmd_push, "deploy a project to a Hugging Face Space",
-             "examples:\n  openenv push --dry-run                       stage this project and list what would go\n"
+             "examples:\n  openenv push --dry-run                       stage this project and "
+             "list what would go\n"
              "  openenv push my_env --repo-id my-org/my_env --private\n\n"
              "Needs a Hugging Face token with write access: `hf auth login`, or HF_TOKEN.")
-    p.add_argument("path", nargs="?", default=".", metavar="PATH", help="the project folder (default: .)")
-    p.add_argument("--repo-id", metavar="ORG/NAME", help="the Space (default: YOUR-USERNAME/the manifest's name)")
+    p.add_argument("path", nargs="?", default=".", metavar="PATH",
+                   help="the project folder (default: .)")
+    p.add_argument("--repo-id", metavar="ORG/NAME",
+                   help="the Space (default: YOUR-USERNAME/the manifest's name)")
     p.add_argument("--private", action="store_true", help="make the Space private")
-    p.add_argument("--dry-run", action="store_true", help="stage the Space in a folder and list it; upload nothing")
-    p.add_argument("--web", "--interface", dest="web", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--dry-run", action="store_true",
+                   help="stage the Space in a folder and list it; upload nothing")
+    p.add_argument("--web", "--interface", dest="web", action=argparse.BooleanOptionalAction,
+                   default=False,
                    help="serve the web interface at /web in the Space (default: off)")
-    p.add_argument("--include", action="append", default=[], metavar="PATTERN", help="upload files matching PATTERN (.gitignore syntax) "
-                   "although an ignore file or the secret-file rules leave them out; repeat for more")
-    p.add_argument("--token-secret", action="store_true", help="set the Space secret OPENENV_TOKEN ($OPENENV_TOKEN, else a new one "
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="upload files matching PATTERN (.gitignore syntax) "
+                   "although an ignore file or the secret-file rules leave them out; repeat for "
+                   "more")
+    p.add_argument("--token-secret", action="store_true",
+                   help="set the Space secret OPENENV_TOKEN ($OPENENV_TOKEN, else a new one "
                    "printed once): the server then asks every client for it")
-    p.add_argument("--base-image", metavar="IMG", help="the Dockerfile's default BASE_IMAGE in the Space")
+    p.add_argument("--base-image", metavar="IMG",
+                   help="the Dockerfile's default BASE_IMAGE in the Space")
 
 # %% ../nbs/07_cli.ipynb #f3584192
 def _demo_parser(sub):
@@ -346,20 +418,27 @@ def _demo_parser(sub):
 def _list_parser(sub):
     "`openenv list [FAMILY] [--json]`."
     l = _sub(sub, "list", cmd_list, "list the environments known here",
-             "examples:\n  openenv list\n  openenv list --json     name, target, source, description, action fields, problem\n"
-             "  openenv list gym        every target of a family: gym, openspiel, textarena, chess\n\n"
-             "A package adds its own with an entry point in group openenv_nb.envs: NAME = \"module:attribute\".")
-    l.add_argument("family", nargs="?", help="a family (gym, openspiel, textarena, chess): list the targets it serves")
+             "examples:\n  openenv list\n  openenv list --json     name, target, source, "
+             "description, action fields, problem\n"
+             "  openenv list gym        every target of a family: gym, openspiel, textarena, "
+             "chess\n\n"
+             "A package adds its own with an entry point in group openenv_nb.envs: NAME = "
+             "\"module:attribute\".")
+    l.add_argument("family", nargs="?", help="a family (gym, openspiel, textarena, chess): list "
+                                             "the targets it serves")
     l.add_argument("--json", action="store_true", help="print the list as JSON")
 
 # %% ../nbs/07_cli.ipynb #e49fc031
 def parser() -> argparse.ArgumentParser:
     "The `openenv` argument parser."
-    p = argparse.ArgumentParser(prog="openenv", description="Agentic RL environments over HTTP and WebSocket, compatible "
-                                "with OpenEnv (openenv-nb).", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="openenv", description="Agentic RL environments over HTTP and "
+                                                            "WebSocket, compatible "
+                                "with OpenEnv (openenv-nb).", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"openenv-nb {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_init_parser, _serve_parser, _list_parser, _validate_parser, _build_parser, _push_parser, _demo_parser): add(sub)
+    for add in (_init_parser, _serve_parser, _list_parser, _validate_parser, _build_parser,
+                _push_parser, _demo_parser): add(sub)
     return p
 
 # %% ../nbs/07_cli.ipynb #ab4b7d30
@@ -375,4 +454,5 @@ def main(argv: list[str] | None = None # the arguments; default `sys.argv[1:]`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m openenv_nb.cli`, not in this notebook
+# `python -m openenv_nb.cli`, not in this notebook
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())

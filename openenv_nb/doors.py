@@ -26,26 +26,30 @@ _PORTS = {"http": 80, "https": 443}
 
 def origin_of(url: str # an origin, `scheme://host[:port]`
              ) -> tuple[str, str, int] | None:
-    "`(scheme, host, port)` of a web origin; `None` for anything else (`null`, a path, another scheme, a bad port)."
+    "`(scheme, host, port)` of a web origin; `None` for anything else (`null`, a path, a bad port)."
     try: u = urlsplit(url.strip().lower()); port = u.port
     except ValueError: return None
-    if u.scheme not in _PORTS or not u.hostname or u.path not in ("", "/") or u.query or u.username: return None
+    if u.scheme not in _PORTS or not u.hostname or u.path not in ("", "/") or u.query or u.username:
+        return None
     return u.scheme, u.hostname, port or _PORTS[u.scheme]
 
 # %% ../nbs/01c_doors.ipynb #49a4f657
-def own_origins(hosts: Iterable[str | None], # the `Host` header, and `X-Forwarded-Host` behind a proxy
-                proto: str | None = None # `X-Forwarded-Proto`: the scheme the browser used, behind a proxy
+def own_origins(hosts: Iterable[str | None], # `Host`, and `X-Forwarded-Host` behind a proxy
+                proto: str | None = None # `X-Forwarded-Proto`: the scheme the browser used
                ) -> set[tuple[str, str, int]]:
     "The origins of the server a request was sent to, as its own pages would name them."
-    schemes = [proto.split(",")[0].strip().lower()] if proto and proto.strip() else ["http", "https"]
-    return {o for h in hosts if h for s in schemes for o in [origin_of(f"{s}://{h.split(',')[0].strip()}")] if o}
+    schemes = ([proto.split(",")[0].strip().lower()] if proto and proto.strip()
+               else ["http", "https"])
+    return {o for h in hosts if h for s in schemes
+            for o in [origin_of(f"{s}://{h.split(',')[0].strip()}")] if o}
 
 # %% ../nbs/01c_doors.ipynb #8e987d02
-PROTOCOL, BEARER = "openenv", "openenv.bearer."  # the subprotocol a page asks for; the prefix of the one carrying its token
+# the subprotocol a page asks for; the prefix of the one carrying its token
+PROTOCOL, BEARER = "openenv", "openenv.bearer."
 
 def offered_tokens(h: dict # headers by lowercase name
                   ) -> list[bytes]:
-    "The tokens the headers `h` offer: `Authorization: Bearer ...`, `X-OpenEnv-Token`, and `openenv.bearer.BASE64URL` subprotocols."
+    "The tokens the headers `h` offer: `Authorization: Bearer`, `X-OpenEnv-Token`, subprotocols."
     scheme, _, value = h.get("authorization", "").partition(" ")
     out = [value.strip().encode("latin-1")] if scheme.lower() == "bearer" and value.strip() else []
     if t := h.get("x-openenv-token", "").strip(): out.append(t.encode("latin-1"))
@@ -57,16 +61,19 @@ def offered_tokens(h: dict # headers by lowercase name
 
 # %% ../nbs/01c_doors.ipynb #06f06dbc
 class Doors:
-    "Who may call a server: the browser origins it lets in besides its own, the token it requires, the body size."
-    def __init__(self, token: str | None = None, # the token callers must send; `None` reads `OPENENV_TOKEN`; `""` none
-                 allow_origins: Iterable[str] | str | None = None, # origins let in besides the server's own; `None` reads `OPENENV_ALLOW_ORIGINS` (comma-separated); `"*"` any
+    "Who may call a server: the browser origins it lets in, the token it requires, the body size."
+    def __init__(self, token: str | None = None, # callers must send it; `None`: `OPENENV_TOKEN`; `""` none
+                 allow_origins: Iterable[str] | str | None = None, # let in; `"*"` any; see below
                  max_body: int = 1 << 20): # largest HTTP request body, in bytes
         token = os.environ.get("OPENENV_TOKEN", "") if token is None else token
         if allow_origins is None: allow_origins = os.environ.get("OPENENV_ALLOW_ORIGINS", "")
-        allow = [o.strip() for o in (allow_origins.split(",") if isinstance(allow_origins, str) else allow_origins)]
+        allow = [o.strip() for o in (allow_origins.split(",") if isinstance(allow_origins, str)
+                                     else allow_origins)]
         if bad := [o for o in allow if o not in ("", "*") and origin_of(o) is None]:
-            raise ValueError(f"Not an origin: {', '.join(map(repr, bad))}; write them as scheme://host[:port], e.g. http://localhost:3000")
-        self._token, self.max_body, self.any_origin = token.encode() if token else None, max_body, "*" in allow
+            raise ValueError(f"Not an origin: {', '.join(map(repr, bad))}; write them as "
+                             "scheme://host[:port], e.g. http://localhost:3000")
+        self._token, self.max_body, self.any_origin = (token.encode() if token else None, max_body,
+                                                       "*" in allow)
         self.origins = {origin_of(o) for o in allow if o not in ("", "*")}
 
 # %% ../nbs/01c_doors.ipynb #9e66e647
@@ -80,7 +87,7 @@ def required(self) -> bool:
 def origin_ok(self, origin: str | None, # the request's `Origin` header, if any
               own: set # the server's own origins (`own_origins`)
              ) -> bool:
-    "Whether a request with `origin` may come in: none (not a browser), the server's own, or one let in."
+    "Whether a request with `origin` may come in: none (no browser), the server's own, or one let in."
     if origin is None or self.any_origin: return True
     o = origin_of(origin)
     return o is not None and (o in own or o in self.origins)
@@ -89,21 +96,26 @@ def origin_ok(self, origin: str | None, # the request's `Origin` header, if any
 @patch_to(Doors)
 def authorized(self, h: dict # headers by lowercase name
               ) -> bool:
-    "Whether the headers `h` carry the token (always, when none is required); compared in constant time."
+    "Whether the headers `h` carry the token (always, when none is required), in constant time."
     if self._token is None: return True
     return any([hmac.compare_digest(t, self._token) for t in offered_tokens(h)])
 
 # %% ../nbs/01c_doors.ipynb #1a34e14c
-SAFE = frozenset({"GET", "HEAD", "OPTIONS"})  # methods that change nothing: a page elsewhere may send them
-OPEN = frozenset({"/", "/health", "/web", "/web/"})  # answered without a token: probes, and the page (it asks for one; `/` sends a browser there)
+# methods that change nothing: a page elsewhere may send them
+SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+# answered without a token: probes, and the page (it asks for one; `/` sends a browser there)
+OPEN = frozenset({"/", "/health", "/web", "/web/"})
 
 def heads(scope: dict # an ASGI scope
          ) -> dict[str, str]:
     "The headers of `scope` the doors read, by lowercase name."
     return {_HEADS[k]: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _HEADS}
 
-_HEADS = {n: n.decode() for n in (b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto", b"authorization", b"x-openenv-token",
-          b"sec-websocket-protocol", b"content-length", b"content-type", b"x-openenv-extensions", b"mcp-protocol-version")}  # the last three: for the HTTP fast path
+_HEADS = {n: n.decode() for n in (b"origin", b"host", b"x-forwarded-host", b"x-forwarded-proto",
+                                  b"authorization", b"x-openenv-token",
+          # the last three: for the HTTP fast path
+          b"sec-websocket-protocol", b"content-length", b"content-type", b"x-openenv-extensions",
+          b"mcp-protocol-version")}
 
 # %% ../nbs/01c_doors.ipynb #62d62f3d
 @patch_to(Doors)
@@ -112,32 +124,41 @@ def refusal(self, scope: dict, # the ASGI scope of a request or WebSocket handsh
            ) -> tuple[int, str, str] | None:
     "`(status, code, message)` to refuse `scope` with; `None` to let it in."
     ws = scope["type"] == "websocket"
-    own = lambda: own_origins((h.get("host"), h.get("x-forwarded-host")), h.get("x-forwarded-proto"))
-    if (ws or scope.get("method") not in SAFE) and "origin" in h and not self.origin_ok(h["origin"], own()):
-        return 403, "FORBIDDEN_ORIGIN", (f"Origin {h['origin'][:200]!r} may not call this server: only its own pages may, and the "
-                "origins it was told to allow (create_app(allow_origins=...), --allow-origin or OPENENV_ALLOW_ORIGINS)")
-    if not (ws or scope.get("method") not in SAFE or scope.get("path") not in OPEN) or self.authorized(h): return None
-    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' (or 'X-OpenEnv-Token: "
-                                 "TOKEN' when Authorization is taken; the clients take token= or read OPENENV_TOKEN)")
+    own = lambda: own_origins((h.get("host"), h.get("x-forwarded-host")),
+                              h.get("x-forwarded-proto"))
+    if ((ws or scope.get("method") not in SAFE) and "origin" in h
+            and not self.origin_ok(h["origin"], own())):
+        return 403, "FORBIDDEN_ORIGIN", (f"Origin {h['origin'][:200]!r} may not call this server: "
+                                         "only its own pages may, and the "
+                "origins it was told to allow (create_app(allow_origins=...), --allow-origin or "
+                "OPENENV_ALLOW_ORIGINS)")
+    if not (ws or scope.get("method") not in SAFE
+            or scope.get("path") not in OPEN) or self.authorized(h): return None
+    return 401, "UNAUTHORIZED", ("This server requires a token: send 'Authorization: Bearer TOKEN' "
+                                 "(or 'X-OpenEnv-Token: "
+                                 "TOKEN' when Authorization is taken; the clients take token= or "
+                                 "read OPENENV_TOKEN)")
 
 # %% ../nbs/01c_doors.ipynb #902b95b2
 def chosen_protocol(ws # a WebSocket about to be accepted
                    ) -> str | None:
-    "The subprotocol to accept `ws` with: `openenv` when the client offered it (as a page sending its token does)."
+    "The subprotocol to accept `ws` with: `openenv` when the client offered it (as a page does)."
     return PROTOCOL if PROTOCOL in ws.scope.get("subprotocols", ()) else None
 
 # %% ../nbs/01c_doors.ipynb #342bc1f1
-_denied: ContextVar[bool] = ContextVar("openenv_denied", default=False)  # set in the task of a refused handshake
+# set in the task of a refused handshake
+_denied: ContextVar[bool] = ContextVar("openenv_denied", default=False)
 
 async def deny(scope: dict, receive, send, # the ASGI call to refuse
                status: int, # the HTTP status
                code: str, # what kind of refusal, e.g. `UNAUTHORIZED`
                message: str): # what was refused and how to get in, for a person
-    "Refuse an HTTP request, or a WebSocket before it is accepted, with `status` and `{\"detail\": {code, message}}`."
+    "Refuse an HTTP request, or a WebSocket before it is accepted, with `status` and a `detail`."
     response = JSONResponse({"detail": {"code": code, "message": message}}, status,
                             headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
     if scope["type"] == "http": return await response(scope, receive, send)
     if (await receive())["type"] != "websocket.connect": return
     _denied.set(True)
-    if "websocket.http.response" in scope.get("extensions", {}): return await response(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions",
+                                              {}): return await response(scope, receive, send)
     await send({"type": "websocket.close", "code": 1008, "reason": f"{status} {code}"})

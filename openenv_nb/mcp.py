@@ -39,15 +39,17 @@ from .environment import Environment
 from .types import Action, Observation, State
 
 # %% ../nbs/01b_mcp.ipynb #62eb0fde
-RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})  # an environment's own methods: never tool names
+# an environment's own methods: never tool names
+RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
 
 # %% ../nbs/01b_mcp.ipynb #c262d7ec
 class Tool(BaseModel):
-    "A tool as an environment lists it: its name, what it does, and the JSON Schema of its arguments."
+    "A tool as an environment lists it: its name, what it does, the JSON Schema of its arguments."
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="The tool's name, unique in its environment")
     description: str = Field(description="What the tool does, for a person or a model")
-    input_schema: dict[str, Any] = Field(description="JSON Schema of the tool's arguments: an object")
+    input_schema: dict[str, Any] = Field(description="JSON Schema of the tool's arguments: an "
+                                                     "object")
 
 # %% ../nbs/01b_mcp.ipynb #66fbf8fc
 class ToolErrorType(StrEnum):
@@ -75,7 +77,8 @@ class CallToolAction(Action):
     "Call one tool with its arguments."
     type: Literal["call_tool"] = Field(default="call_tool", description="Marks a tool call")
     tool_name: str = Field(description="The tool to call")
-    arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments, as its input schema describes")
+    arguments: dict[str, Any] = Field(default_factory=dict,
+                                      description="Its arguments, as its input schema describes")
 
 # %% ../nbs/01b_mcp.ipynb #dd18d1c5
 class ListToolsObservation(Observation):
@@ -85,7 +88,8 @@ class ListToolsObservation(Observation):
 # %% ../nbs/01b_mcp.ipynb #3284ee0d
 class ToolResult(BaseModel):
     "What a tool returned: MCP's content blocks, and the value itself as `data`."
-    content: list[dict[str, Any]] = Field(default_factory=list, description="MCP content blocks (text)")
+    content: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="MCP content blocks (text)")
     structured_content: dict[str, Any] | None = Field(default=None, description="The value as a JSON object; `{'result': v}` for any other value")
     meta: dict[str, Any] | None = Field(default=None, description="Extra data about the result")
     data: Any = Field(default=None, description="The value the tool returned, as JSON")
@@ -95,20 +99,23 @@ class ToolResult(BaseModel):
 class CallToolObservation(Observation):
     "What one tool call gave: its result, or the error that stopped it."
     tool_name: str = Field(description="The tool that was called")
-    result: Any = Field(default=None, description="The tool's `ToolResult` when it ran (a dict of its fields on the wire)")
+    result: Any = Field(default=None, description="The tool's `ToolResult` when it ran (a dict of "
+                                                  "its fields on the wire)")
     error: ToolError | None = Field(default=None, description="Why the call failed, when it did")
 
 # %% ../nbs/01b_mcp.ipynb #428e8d94
-TOOL_ACTIONS = {"list_tools": ListToolsAction, "call_tool": CallToolAction}  # tool actions by their `type`
+# tool actions by their `type`
+TOOL_ACTIONS = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
 
 # %% ../nbs/01b_mcp.ipynb #7a9b0090
 def parse_action(data: dict, # a step's data, as sent
                  action_cls: type[Action], # the environment's own action class
                  tools: bool = True # whether the environment takes tool actions
                 ) -> Action:
-    "The action `data` describes: a tool action when its `type` names one (and `tools`), else an `action_cls`."
+    "The action `data` describes: a tool action when its `type` names one, else an `action_cls`."
     cls = TOOL_ACTIONS.get(data.get("type")) if tools and isinstance(data, dict) else None
-    return (cls or action_cls).__pydantic_validator__.validate_python(data)  # `model_validate` without its wrapper: every step
+    # `model_validate` without its wrapper: every step
+    return (cls or action_cls).__pydantic_validator__.validate_python(data)
 
 # %% ../nbs/01b_mcp.ipynb #d55dcd4c
 _SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Returns?|Raises|Yields?|Examples?|Notes?)\s*:\s*$", re.M)
@@ -131,35 +138,39 @@ def arg_docs(doc: str | None # a docstring
     for line in lines[next((i + 1 for i, l in enumerate(lines) if _ARGS.match(l)), len(lines)):]:
         if not line.strip(): continue
         if (ind := len(line) - len(line.lstrip())) == 0: break  # the next section
-        if (m := _ARG.match(line)) and (indent is None or ind <= indent): indent, name, out[m[1]] = ind, m[1], m[2].strip()
+        if (m := _ARG.match(line)) and (indent is None or ind <= indent):
+            indent, name, out[m[1]] = ind, m[1], m[2].strip()
         elif name: out[name] = f"{out[name]} {line.strip()}".strip()
     return out
 
 # %% ../nbs/01b_mcp.ipynb #f39db086
 def param_docs(fn: Callable) -> dict[str, str]:
-    "What `fn` says about each parameter, in comments beside it (docments) or in its docstring's `Args:` section."
+    "What `fn` says of each parameter, in comments beside it (docments) or its docstring's `Args:`."
     try: comments = {k: v for k, v in docments(fn).items() if v and k != "return"}
     except Exception: comments = {}  # no source to read (a function built at run time)
     return {**comments, **arg_docs(fn.__doc__)}
 
 # %% ../nbs/01b_mcp.ipynb #e50b5b77
 def _tidy(s, defs: dict, seen: tuple = ()):
-    "`s` with `$ref`s into `defs` inlined (each at most once on a path) and pydantic's titles dropped."
+    "`s` with `$ref`s into `defs` inlined (at most once on a path) and pydantic's titles dropped."
     if isinstance(s, list): return [_tidy(x, defs, seen) for x in s]
     if not isinstance(s, dict): return s
     if (name := s.get("$ref", "").removeprefix("#/$defs/")) in defs and name not in seen:
-        return _tidy({**defs[name], **{k: v for k, v in s.items() if k != "$ref"}}, defs, seen + (name,))
-    props = lambda v: {p: _tidy(x, defs, seen) for p, x in v.items()}  # keys of `properties` are names, not keywords
+        return _tidy({**defs[name], **{k: v for k, v in s.items() if k != "$ref"}}, defs,
+                     seen + (name,))
+    # keys of `properties` are names, not keywords
+    props = lambda v: {p: _tidy(x, defs, seen) for p, x in v.items()}
     return {k: props(v) if k in ("properties", "patternProperties") else _tidy(v, defs, seen)
             for k, v in s.items() if k != "$defs" and not (k == "title" and isinstance(v, str))}
 
 # %% ../nbs/01b_mcp.ipynb #1b371997
 def clean_schema(schema: dict # a JSON Schema from pydantic
                 ) -> dict:
-    "`schema` as a tool shows it: nested models inlined, no generated titles; `$defs` kept only for recursive types."
+    "`schema` as a tool shows it: models inlined, no titles; `$defs` only for recursive types."
     defs = schema.get("$defs", {})
     out = _tidy(schema, defs)
-    if '"$ref"' in json.dumps(out): out["$defs"] = {k: _tidy(v, defs, (k,)) for k, v in defs.items()}
+    if '"$ref"' in json.dumps(out): out["$defs"] = {k: _tidy(v, defs, (k,))
+                                                    for k, v in defs.items()}
     return out
 
 # %% ../nbs/01b_mcp.ipynb #6b48517b
@@ -167,14 +178,15 @@ def check_name(name: str # a tool's name
               ) -> str:
     "`name`, unless it is one of `RESERVED_TOOL_NAMES`: then a `ValueError` saying why."
     if name in RESERVED_TOOL_NAMES:
-        raise ValueError(f"A tool cannot be named {name!r}: {', '.join(sorted(RESERVED_TOOL_NAMES))} are the environment's "
+        raise ValueError(f"A tool cannot be named {name!r}: "
+                         f"{', '.join(sorted(RESERVED_TOOL_NAMES))} are the environment's "
                          "own methods, reserved so that tool calls and episode control never mix")
     return name
 
 # %% ../nbs/01b_mcp.ipynb #30819a82
 @dataclass(frozen=True)
 class FunctionTool:
-    "A function made a tool: what `tools/list` shows of it, the model that checks its arguments, and how to call it."
+    "A function made a tool: what `tools/list` shows, its arguments' model, how to call it."
     name: str  # the tool's name
     fn: Callable  # the function it calls
     description: str  # what it does
@@ -186,18 +198,22 @@ class FunctionTool:
     context: str | None = None  # the parameter that takes a context (fastmcp's `Context`), given by the caller, not the agent
 
 # %% ../nbs/01b_mcp.ipynb #b1c3efcb
-def _arguments(fn: Callable, name: str, skip_first: bool, without: str | None = None) -> tuple[type[BaseModel], tuple]:
-    "The pydantic model of `fn`'s parameters (the first skipped for a method, and `without`), with each field's parameter name."
+def _arguments(fn: Callable, name: str, skip_first: bool,
+               without: str | None = None) -> tuple[type[BaseModel], tuple]:
+    "The pydantic model of `fn`'s parameters (not `self`, nor `without`), and their names."
     try: hints = typing.get_type_hints(fn, include_extras=True)
     except Exception: hints = {}
-    ps = [p for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    ps = [p for p in inspect.signature(fn).parameters.values()
+          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     ps = [p for p in ps[skip_first:] if p.name != without]
     docs, fields = param_docs(fn), {}
     for i, p in enumerate(ps):
         hint = hints.get(p.name, Any if p.annotation is p.empty else p.annotation)
-        fields[f"a{i}"] = (hint, Field(... if p.default is p.empty else p.default, alias=p.name, description=docs.get(p.name)))
+        fields[f"a{i}"] = (hint, Field(... if p.default is p.empty else p.default, alias=p.name,
+                                       description=docs.get(p.name)))
     config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    return create_model(f"{name}_arguments", __config__=config, **fields), tuple((f"a{i}", p.name) for i, p in enumerate(ps))
+    return create_model(f"{name}_arguments", __config__=config,
+                        **fields), tuple((f"a{i}", p.name) for i, p in enumerate(ps))
 
 # %% ../nbs/01b_mcp.ipynb #7a3248ae
 def function_tool(fn: Callable, # the function to call
@@ -207,12 +223,14 @@ def function_tool(fn: Callable, # the function to call
                   skip_first: bool = False, # `fn` is a method: leave out `self`
                   context: str | None = None # the parameter that takes a context from the caller: not an argument
                  ) -> FunctionTool:
-    "`fn` as a tool: its schema from its type hints, its descriptions from its docstring and comments."
+    "`fn` as a tool: its schema from its type hints, descriptions from its docstring and comments."
     name = check_name(name or fn.__name__)
     model, params = _arguments(fn, name, skip_first, context)
     try: schema = clean_schema(model.model_json_schema(by_alias=True))
-    except Exception as e: raise TypeError(f"Tool {name!r}: its parameters have no JSON Schema ({e})") from e
-    return FunctionTool(name, fn, description or summary(fn.__doc__), schema, model, params, inspect.iscoroutinefunction(fn), mode, context)
+    except Exception as e: raise TypeError(f"Tool {name!r}: its parameters have no JSON Schema "
+                                           f"({e})") from e
+    return FunctionTool(name, fn, description or summary(fn.__doc__), schema, model, params,
+                        inspect.iscoroutinefunction(fn), mode, context)
 
 # %% ../nbs/01b_mcp.ipynb #14afc5ec
 @patch(as_prop=True)
@@ -224,13 +242,14 @@ def tool(self: FunctionTool) -> Tool:
 @patch
 def check(self: FunctionTool, arguments: dict # the arguments as sent
          ) -> dict:
-    "`arguments` checked against the tool's parameters, as keyword arguments for its function; raises `ValidationError`."
-    m = self.args.__pydantic_validator__.validate_python(arguments)  # `model_validate` without its wrapper: a tool call's hot path
+    "`arguments` checked against the tool's parameters, as keyword arguments; or `ValidationError`."
+    # `model_validate` without its wrapper: a tool call's hot path
+    m = self.args.__pydantic_validator__.validate_python(arguments)
     return {p: getattr(m, f) for f, p in self.params}
 
 # %% ../nbs/01b_mcp.ipynb #5c9e4190
 class ToolCallError(Exception):
-    "A tool call that failed: its `error_type`, a message, and pydantic's `errors` when the arguments were bad."
+    "A tool call that failed: its `error_type`, a message, pydantic's `errors` for bad arguments."
     def __init__(self, error_type: ToolErrorType | str, # why it failed
                  message: str, # what went wrong, for a person
                  errors: list | None = None): # pydantic's errors, JSON-safe (for `invalid_args`)
@@ -246,16 +265,18 @@ def error(self: ToolCallError) -> ToolError:
 # %% ../nbs/01b_mcp.ipynb #a06a163e
 def tool_result(value # what a tool function returned
                ) -> ToolResult:
-    "`value` as a `ToolResult`: a text block, the value as JSON, and as an object (`{'result': v}` unless it is one)."
+    "`value` as a `ToolResult`: a text block, the value as JSON, and as an object."
     if value is None: return ToolResult()
     data = value if type(value) is str else to_jsonable_python(value, fallback=str)
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
+                                                         separators=(",", ":"))
     return ToolResult.model_validate({"content": [{"type": "text", "text": text}], "data": data,
-                                      "structured_content": data if isinstance(data, dict) else {"result": data}})
+                                      "structured_content": data if isinstance(data, dict)
+                                      else {"result": data}})
 
 # %% ../nbs/01b_mcp.ipynb #0c769537
 class ToolSet:
-    "Tools by name, declared with `@tools.tool` as on `fastmcp.FastMCP`, and called with their arguments checked."
+    "Tools by name, declared with `@tools.tool` as on `fastmcp.FastMCP`, called with checks."
     def __init__(self, name: str = "tools", # a name for the set (FastMCP's server name)
                  instructions: str | None = None, # how to use the tools, for a model
                  **kwargs): # FastMCP's other settings, accepted and ignored
@@ -277,7 +298,7 @@ def tool(self: ToolSet, fn: Callable | str | None = None, # the function; or the
          description: str | None = None, # what it does; defaults to the docstring
          **kwargs # FastMCP's other options (tags, annotations...), accepted and ignored
         ):
-    "Add a function as a tool: `@tools.tool`, `@tools.tool()`, `@tools.tool(name=..., description=...)`; gives back the function."
+    "Add a function as a tool: `@tools.tool`, `@tools.tool()`, `@tools.tool(name=...)`; returns it."
     if isinstance(fn, str): fn, name = None, fn
     def add(f):
         self.add(function_tool(f, name, description))
@@ -307,14 +328,17 @@ def list_tools(self: ToolSet, mode: str | None = None # the mode the caller is i
 
 # %% ../nbs/01b_mcp.ipynb #fe4c17fa
 @patch
-def _checked(self: ToolSet, name: str, arguments: dict | None, mode: str | None = None) -> tuple[FunctionTool, dict]:
-    "The tool `name` and its checked keyword arguments; `ToolCallError` for an unknown tool or bad arguments."
+def _checked(self: ToolSet, name: str, arguments: dict | None,
+             mode: str | None = None) -> tuple[FunctionTool, dict]:
+    "The tool `name` and its checked keyword arguments; else `ToolCallError`."
     t = self.find_tool(name, mode)
     try: return t, t.check(arguments or {})
     except ValidationError as e:
         errors = json.loads(e.json(include_url=False))
-        why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'arguments'}: {x['msg']}" for x in errors)
-        raise ToolCallError(ToolErrorType.INVALID_ARGS, f"Invalid arguments for tool {name!r}: {why}", errors) from None
+        why = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'arguments'}: {x['msg']}"
+                        for x in errors)
+        raise ToolCallError(ToolErrorType.INVALID_ARGS,
+                            f"Invalid arguments for tool {name!r}: {why}", errors) from None
 
 # %% ../nbs/01b_mcp.ipynb #a12d01c6
 @patch
@@ -324,19 +348,22 @@ async def call_tool_async(self: ToolSet, name: str, # the tool
                           mode: str | None = None, # the mode the caller is in
                           default_timeout_s: float | None = None # the limit when `timeout_s` is `None` (a step's `tool_timeout_s`)
                          ) -> ToolResult:
-    "Call a tool within its time limit: a coroutine function is awaited on the loop, any other runs in a thread; failures are `ToolCallError`s."
+    "Call a tool within its time limit, async on the loop, sync in a thread; or `ToolCallError`."
     t, kw = self._checked(name, arguments, mode)
     limit = timeout_s or default_timeout_s
     try: value = await within(t.fn(**kw) if t.is_async else asyncio.to_thread(t.fn, **kw), limit)
     except TimeoutError as e:
-        if not limit: raise ToolCallError(ToolErrorType.EXECUTION_ERROR, f"Error calling tool {name!r}: {e!r}") from e
-        raise ToolCallError(ToolErrorType.TIMEOUT, f"Tool {name!r} timed out after {limit:g} seconds") from None
-    except Exception as e: raise ToolCallError(ToolErrorType.EXECUTION_ERROR, f"Error calling tool {name!r}: {e}") from e
+        if not limit: raise ToolCallError(ToolErrorType.EXECUTION_ERROR,
+                                          f"Error calling tool {name!r}: {e!r}") from e
+        raise ToolCallError(ToolErrorType.TIMEOUT,
+                            f"Tool {name!r} timed out after {limit:g} seconds") from None
+    except Exception as e: raise ToolCallError(ToolErrorType.EXECUTION_ERROR,
+                                               f"Error calling tool {name!r}: {e}") from e
     return tool_result(value)
 
 # %% ../nbs/01b_mcp.ipynb #e1d54596
 def _run_sync(coro: Awaitable):
-    "The result of `coro`, run from sync code; in a thread of its own when this thread runs an event loop (a notebook)."
+    "The result of `coro`, run from sync code; in a thread of its own under a running loop."
     try: asyncio.get_running_loop()
     except RuntimeError: return asyncio.run(coro)
     with ThreadPoolExecutor(1) as ex: return ex.submit(asyncio.run, coro).result()
@@ -350,22 +377,27 @@ def call_tool(self: ToolSet, name: str, # the tool
     "Call a tool from sync code, in this thread; failures are `ToolCallError`s."
     t, kw = self._checked(name, arguments, mode)
     try: value = _run_sync(t.fn(**kw)) if t.is_async else t.fn(**kw)
-    except Exception as e: raise ToolCallError(ToolErrorType.EXECUTION_ERROR, f"Error calling tool {name!r}: {e}") from e
+    except Exception as e: raise ToolCallError(ToolErrorType.EXECUTION_ERROR,
+                                               f"Error calling tool {name!r}: {e}") from e
     return tool_result(value)
 
 # %% ../nbs/01b_mcp.ipynb #5e2a0906
 def _listed(server) -> list:
-    "The tool objects of a `fastmcp.FastMCP` (2 or 3) or `mcp` SDK server, which carry `name` and `fn`."
-    if hasattr(manager := getattr(server, "_tool_manager", None), "list_tools"): return list(manager.list_tools())  # mcp SDK
-    if hasattr(server, "get_tools"): return list(_run_sync(server.get_tools()).values())  # fastmcp 2
+    "The tool objects (with `name` and `fn`) of a `fastmcp.FastMCP` (2 or 3) or `mcp` SDK server."
+    # mcp SDK
+    if hasattr(manager := getattr(server, "_tool_manager", None),
+               "list_tools"): return list(manager.list_tools())
+    # fastmcp 2
+    if hasattr(server, "get_tools"): return list(_run_sync(server.get_tools()).values())
     if hasattr(server, "list_tools"): return list(_run_sync(server.list_tools()))  # fastmcp 3
-    raise TypeError(f"{type(server).__name__} declares no tools: give a ToolSet, a fastmcp.FastMCP or an mcp FastMCP server")
+    raise TypeError(f"{type(server).__name__} declares no tools: give a ToolSet, a fastmcp.FastMCP "
+                    "or an mcp FastMCP server")
 
 # %% ../nbs/01b_mcp.ipynb #5d6ccac0
 def context_param(server, # a tool server
                   fn: Callable # one of its tools' functions
                  ) -> str | None:
-    "The parameter of `fn` that takes fastmcp's `Context`, when `server` is a `fastmcp` server; else `None`."
+    "The parameter of `fn` taking fastmcp's `Context`, for a `fastmcp` server; else `None`."
     if type(server).__module__.partition(".")[0] != "fastmcp": return None
     from fastmcp import Context
     from fastmcp.utilities.types import find_kwarg_by_type
@@ -375,20 +407,24 @@ def context_param(server, # a tool server
 def server_tools(server # a `ToolSet`, `fastmcp.FastMCP` or `mcp.server.fastmcp.FastMCP`
                 ) -> list[FunctionTool]:
     "The tools declared on `server`, as `FunctionTool`s; a reserved name is a `ValueError`."
-    if isinstance(server, ToolSet): return [*server.tools.values(), *(t for d in server.moded.values() for t in d.values())]
+    if isinstance(server, ToolSet): return [*server.tools.values(),
+                                            *(t for d in server.moded.values() for t in d.values())]
     out = []
     for t in _listed(server):
-        if not callable(fn := getattr(t, "fn", None)): raise TypeError(f"Tool {t.name!r} is not a function; only function tools can be served")
-        ft = function_tool(fn, t.name, getattr(t, "description", None), context=context_param(server, fn))
+        if not callable(fn := getattr(t, "fn", None)):
+            raise TypeError(f"Tool {t.name!r} is not a function; only function tools can be served")
+        ft = function_tool(fn, t.name, getattr(t, "description", None),
+                           context=context_param(server, fn))
         schema = getattr(t, "parameters", None)
-        out.append(replace(ft, input_schema=clean_schema(schema)) if isinstance(schema, dict) and schema else ft)
+        out.append(replace(ft, input_schema=clean_schema(schema)) if isinstance(schema, dict)
+                   and schema else ft)
     return out
 
 # %% ../nbs/01b_mcp.ipynb #e958360d
 def with_context(t: FunctionTool, # a tool whose function takes a context (its `context` parameter)
                  enter: Callable[[], contextlib.AbstractAsyncContextManager] # makes the context for one call
                 ) -> FunctionTool:
-    "`t` as a coroutine tool that calls its function within a context that `enter()` makes for each call."
+    "`t` as a coroutine tool calling its function within a context `enter()` makes for each call."
     async def call(**kw):
         async with enter() as kw[t.context]:
             return await t.fn(**kw) if t.is_async else await asyncio.to_thread(t.fn, **kw)
@@ -398,7 +434,7 @@ def with_context(t: FunctionTool, # a tool whose function takes a context (its `
 def fastmcp_context(server, # a `fastmcp.FastMCP`
                     session # one environment's `ToolSession`: the key of its fastmcp state
                    ) -> contextlib.AbstractAsyncContextManager:
-    "A fastmcp `Context` of `server`, whose `get_state`/`set_state` keep state for `session`, for one tool call."
+    "A fastmcp `Context` of `server` for one tool call, keeping `session`'s state."
     from fastmcp import Context
     return Context(fastmcp=server, session=session)
 
@@ -407,7 +443,7 @@ def tool(fn: Callable | None = None, # the method
          *, name: str | None = None, # the tool's name; defaults to the method's
          description: str | None = None # what it does; defaults to the docstring
         ) -> Callable:
-    "Make a method of an `MCPEnvironment` a tool: `@tool` or `@tool(name=..., description=...)`; its schema comes when the class is made."
+    "Make a method of an `MCPEnvironment` a tool: `@tool` or `@tool(name=..., description=...)`."
     def mark(f):
         f.__openenv_tool__ = dict(name=check_name(name or f.__name__), description=description)
         return f
@@ -418,7 +454,7 @@ _IDS: list[bytes] = []  # random bytes for episode ids, read from the OS 4 KiB a
 os.register_at_fork(after_in_child=_IDS.clear)  # a forked worker must not hand out its parent's ids
 
 def new_episode_id() -> str:
-    "A new random episode id: a version 4 UUID, as `str(uuid4())` writes it, its bytes from `os.urandom` 256 ids at a time."
+    "A new random episode id: a version 4 UUID as `str(uuid4())` writes it, from `os.urandom`."
     try: b = bytearray(_IDS.pop())
     except IndexError:
         buf = os.urandom(4096)
@@ -429,17 +465,21 @@ def new_episode_id() -> str:
 
 # %% ../nbs/01b_mcp.ipynb #427d4e51
 class ToolSession:
-    "The session fastmcp's `Context` sees in a tool we call directly: a key for the environment's state, and no client to send to."
-    def __init__(self): self._fastmcp_state_prefix = new_episode_id()  # where fastmcp keeps a session's id, which names its state
-    async def send_log_message(self, **kwargs): pass  # fastmcp has written the message to its own server log already
+    "The session fastmcp's `Context` sees in a tool we call: a key for the env's state, no client."
+    # where fastmcp keeps a session's id, which names its state
+    def __init__(self): self._fastmcp_state_prefix = new_episode_id()
+    # fastmcp has written the message to its own server log already
+    async def send_log_message(self, **kwargs): pass
 
     def __getattr__(self, name):
-        raise AttributeError(f"No MCP client session behind this tool call (openenv-nb calls tools directly), so fastmcp's "
-                             f"Context cannot use {name!r}; state (get_state/set_state), session_id and logging work")
+        raise AttributeError("No MCP client session behind this tool call (openenv-nb calls tools "
+                             "directly), so fastmcp's "
+                             f"Context cannot use {name!r}; state (get_state/set_state), "
+                             "session_id and logging work")
 
 # %% ../nbs/01b_mcp.ipynb #70c48633
 class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
-    "An environment whose agent acts by calling tools, listed and called with `ListToolsAction` and `CallToolAction`."
+    "An environment whose agent acts by calling tools, with `ListToolsAction` and `CallToolAction`."
     tool_timeout_s: float | None = 30.0  # a tool call's time limit when the caller gives none, async tools too (upstream's 30 s)
     _mode: str | None = None  # `"production"` or `"simulation"`: which tools of one mode are shown (upstream's)
     _class_tools: dict = {}  # tool name -> (method name, FunctionTool), for each subclass
@@ -448,11 +488,14 @@ class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
                  transform=None, # applied to every observation (see `Environment`)
                  rubric=None): # scores steps, where the environment uses one (see `Environment`)
         super().__init__(transform=transform, rubric=rubric)
-        if mcp_server is None: return  # `mcp_server` (a `ToolSet` of its own), `toolset` and `_state`: made on first use (below)
+        # `mcp_server` (a `ToolSet` of its own), `toolset` and `_state`: made on first use (below)
+        if mcp_server is None: return
         self.mcp_server = mcp_server
-        self.toolset = self._tools()  # a given server's tools are read now: a reserved name fails here
+        # a given server's tools are read now: a reserved name fails here
+        self.toolset = self._tools()
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None,
+              **kwargs) -> Observation:
         "Start a new episode: a new id, no steps (tools themselves need no reset)."
         self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
         return self._apply_transform(Observation(reward=0.0))
@@ -465,7 +508,7 @@ class MCPEnvironment(Environment[CallToolAction, CallToolObservation, State]):
 # %% ../nbs/01b_mcp.ipynb #06a3cc92
 @patch_to(MCPEnvironment)
 def _own_server(self) -> ToolSet:
-    "The `ToolSet` an environment gets when `__init__` was given no server: empty until `@self.tool()` adds to it."
+    "The `ToolSet` of an environment given no server: empty until `@self.tool()` adds to it."
     return ToolSet(type(self).__name__)
 
 MCPEnvironment.mcp_server = lazy(MCPEnvironment._own_server)
@@ -474,9 +517,11 @@ MCPEnvironment.mcp_server.__set_name__(MCPEnvironment, "mcp_server")
 # %% ../nbs/01b_mcp.ipynb #ad7cbedc
 @patch_to(MCPEnvironment)
 def _tools(self) -> ToolSet:
-    "Every tool of this environment: its server's (a context made for this environment), then its class's `@tool` methods bound to it."
+    "Every tool of this environment: its server's, then its class's `@tool` methods bound to it."
     ts, session = ToolSet(type(self).__name__), ToolSession()
-    for t in server_tools(self.mcp_server): ts.add(with_context(t, partial(fastmcp_context, self.mcp_server, session)) if t.context else t)
+    for t in server_tools(self.mcp_server):
+        ts.add(with_context(t, partial(fastmcp_context, self.mcp_server, session)) if t.context
+               else t)
     for attr, t in self._class_tools.values(): ts.add(replace(t, fn=getattr(self, attr)))
     return ts
 
@@ -501,27 +546,34 @@ def __init_subclass__(cls: MCPEnvironment, **kwargs):
     for attr, f in vars(cls).items():
         if (opts := getattr(f, "__openenv_tool__", None)) is None: continue
         if hasattr(MCPEnvironment, attr) or hasattr(MCPEnvironment, opts["name"]):
-            raise ValueError(f"{cls.__name__}.{attr}: a tool cannot take the name of MCPEnvironment's own {opts['name']!r}")
-        found[opts["name"]] = (attr, function_tool(f, opts["name"], opts["description"], skip_first=True))
+            raise ValueError(f"{cls.__name__}.{attr}: a tool cannot take the name of "
+                             f"MCPEnvironment's own {opts['name']!r}")
+        found[opts["name"]] = (attr, function_tool(f, opts["name"], opts["description"],
+                                                   skip_first=True))
     cls._class_tools = found
 
 # %% ../nbs/01b_mcp.ipynb #3c2d5ad1
 @patch
-def _step_impl(self: MCPEnvironment, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:
-    "Take an action that is not a tool action: a subclass with actions of its own writes this (as upstream)."
-    raise TypeError(f"{type(self).__name__} takes ListToolsAction or CallToolAction, not {type(action).__name__}")
+def _step_impl(self: MCPEnvironment, action: Action, timeout_s: float | None = None,
+               **kwargs) -> Observation:
+    "Take an action that is not a tool action: a subclass with actions of its own writes this."
+    raise TypeError(f"{type(self).__name__} takes ListToolsAction or CallToolAction, not "
+                    f"{type(action).__name__}")
 
 # %% ../nbs/01b_mcp.ipynb #eb6f3b45
 @patch
 def _tick(self: MCPEnvironment):
-    "Count a step in `state`, unless the subclass keeps its own (it wrote `state`), as upstream code does."
+    "Count a step in `state`, unless the subclass keeps its own (wrote `state`), as upstream does."
     if type(self).state is MCPEnvironment.state: self._state.step_count += 1
 
 # %% ../nbs/01b_mcp.ipynb #f3d5e72a
 @patch
-def _tool_step(self: MCPEnvironment, action: CallToolAction, outcome: ToolResult | ToolCallError) -> CallToolObservation:
+def _tool_step(self: MCPEnvironment, action: CallToolAction,
+               outcome: ToolResult | ToolCallError) -> CallToolObservation:
     "The observation of a tool call: its result, or the error that stopped it."
-    if isinstance(outcome, ToolCallError): return self._apply_transform(CallToolObservation(tool_name=action.tool_name, error=outcome.error))
+    if isinstance(outcome, ToolCallError):
+        return self._apply_transform(CallToolObservation(tool_name=action.tool_name,
+                                                         error=outcome.error))
     return self._apply_transform(CallToolObservation(tool_name=action.tool_name, result=outcome))
 
 # %% ../nbs/01b_mcp.ipynb #0709f0a2
@@ -531,34 +583,41 @@ def step(self: MCPEnvironment, action: Action, # a tool action, or one of the en
     "List the tools, call one, or hand any other action to `_step_impl`."
     self._tick()
     if isinstance(action, ListToolsAction): return self._apply_transform(ListToolsObservation(tools=self.toolset.list_tools(self._mode)))
-    if not isinstance(action, CallToolAction): return self._step_impl(action, timeout_s=timeout_s, **kwargs)
+    if not isinstance(action, CallToolAction):
+        return self._step_impl(action, timeout_s=timeout_s, **kwargs)
     try: outcome = self.toolset.call_tool(action.tool_name, action.arguments, self._mode)
     except ToolCallError as e: outcome = e
     return self._tool_step(action, outcome)
 
 # %% ../nbs/01b_mcp.ipynb #f0e56709
 @patch
-async def step_async(self: MCPEnvironment, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:
-    "`step` for the server: tools as `ToolSet.call_tool_async` runs them, within `timeout_s`, else `tool_timeout_s`."
+async def step_async(self: MCPEnvironment, action: Action, timeout_s: float | None = None,
+                     **kwargs) -> Observation:
+    "`step` for the server: tools as `call_tool_async` runs them, within `timeout_s`."
     cls = type(self)
-    if cls.step is not MCPEnvironment.step and cls.step_async is MCPEnvironment.step_async:  # a subclass wrote only `step`
+    # a subclass wrote only `step`
+    if cls.step is not MCPEnvironment.step and cls.step_async is MCPEnvironment.step_async:
         return await asyncio.to_thread(self.step, action, timeout_s=timeout_s, **kwargs)
     self._tick()
     if isinstance(action, ListToolsAction): return self._apply_transform(ListToolsObservation(tools=self.toolset.list_tools(self._mode)))
-    if not isinstance(action, CallToolAction): return await asyncio.to_thread(self._step_impl, action, timeout_s=timeout_s, **kwargs)
-    try: outcome = await self.toolset.call_tool_async(action.tool_name, action.arguments, timeout_s, self._mode, self.tool_timeout_s)
+    if not isinstance(action, CallToolAction):
+        return await asyncio.to_thread(self._step_impl, action, timeout_s=timeout_s, **kwargs)
+    try: outcome = await self.toolset.call_tool_async(action.tool_name, action.arguments, timeout_s,
+                                                      self._mode, self.tool_timeout_s)
     except ToolCallError as e: outcome = e
     return self._tool_step(action, outcome)
 
 # %% ../nbs/01b_mcp.ipynb #3e4bf75c
-MCPEnvironment.__abstractmethods__ = frozenset()  # `step` came above, after the class was made: none is left
+# `step` came above, after the class was made: none is left
+MCPEnvironment.__abstractmethods__ = frozenset()
 
 # %% ../nbs/01b_mcp.ipynb #c4709f4c
 @patch
 def tool(self: MCPEnvironment, mode: str | None = None # `"production"` or `"simulation"` to show the tool in that mode only
         ) -> Callable:
-    "Upstream's decorator: `@self.tool()` in `__init__` adds a function as a tool of this environment."
-    if mode not in (None, "production", "simulation"): raise ValueError(f"Invalid mode {mode!r}: 'production', 'simulation' or None")
+    "Upstream's decorator: `@self.tool()` in `__init__` adds a tool to this environment."
+    if mode not in (None, "production", "simulation"):
+        raise ValueError(f"Invalid mode {mode!r}: 'production', 'simulation' or None")
     def add(f):
         self.toolset.add(function_tool(f, mode=mode))
         return f
@@ -576,8 +635,9 @@ async def call_tool_async(self: MCPEnvironment, name: str, # the tool
                           arguments: dict | None = None, # its arguments
                           timeout_s: float | None = None # a time limit; `None`: the environment's `tool_timeout_s`
                          ) -> ToolResult:
-    "Call a tool, as `tools/call` does: not a step (no count, no reward); failures are `ToolCallError`s."
-    return await self.toolset.call_tool_async(name, arguments, timeout_s, self._mode, self.tool_timeout_s)
+    "Call a tool, as `tools/call` does: not a step (no count, no reward); or `ToolCallError`."
+    return await self.toolset.call_tool_async(name, arguments, timeout_s, self._mode,
+                                              self.tool_timeout_s)
 
 # %% ../nbs/01b_mcp.ipynb #79d2cadd
 @patch
@@ -606,21 +666,24 @@ class MCPEchoEnvironment(MCPEnvironment):
 
 # %% ../nbs/01b_mcp.ipynb #b791cab3
 @patch
-def reset(self: MCPEchoEnvironment, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
-    "Start a new episode and say the tools are ready (`metadata={'status': 'ready'}`), as upstream's MCP echo does."
+def reset(self: MCPEchoEnvironment, seed: int | None = None, episode_id: str | None = None,
+          **kwargs) -> Observation:
+    "Start a new episode; say the tools are ready (`metadata={'status': 'ready'}`), as upstream."
     self._state = State(episode_id=episode_id or new_episode_id(), step_count=0)
     return self._apply_transform(Observation(reward=0.0, metadata={"status": "ready"}))
 
 # %% ../nbs/01b_mcp.ipynb #01f5f1cf
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
-SERVER_ERROR = -32000  # implementation-defined: what upstream answers for a full server (capacity) or a failed factory
+# implementation-defined: what upstream answers for a full server (capacity) or a failed factory
+SERVER_ERROR = -32000
 
 # %% ../nbs/01b_mcp.ipynb #f30b424a
-PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # MCP revisions we answer `initialize` with, newest first
+# MCP revisions we answer `initialize` with, newest first
+PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 
 # %% ../nbs/01b_mcp.ipynb #6b858877
 class RpcError(Exception):
-    "A JSON-RPC error to answer: its `code`, `message` and `data`, and the request's `id` when it could be read."
+    "A JSON-RPC error to answer: its `code`, `message` and `data`, and the request's `id` if read."
     def __init__(self, code: int, message: str, data: Any = None, id: str | int | None = None):
         super().__init__(message)
         self.code, self.message, self.data, self.id = code, message, data, id
@@ -642,20 +705,30 @@ def rpc_error(rid: str | int | None, # the request's id (`None` when it could no
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message, "data": data}}
 
 # %% ../nbs/01b_mcp.ipynb #06fa3142
-def _valid_id(rid) -> bool: return rid is None or (isinstance(rid, (str, int)) and not isinstance(rid, bool))
+def _valid_id(rid) -> bool: return rid is None or (isinstance(rid, (str, int))
+                                                   and not isinstance(rid, bool))
 
 # %% ../nbs/01b_mcp.ipynb #a6be57be
 def parse_request(message: str | bytes | dict # a JSON-RPC message, as text or decoded
                  ) -> tuple[str, Any, str | int | None, bool]:
-    "`(method, params, id, is_notification)` of a request; `RpcError` (-32700 or -32600) for anything else."
+    "`(method, params, id, is_notification)` of a request; else `RpcError` (-32700 or -32600)."
     if isinstance(message, (str, bytes, bytearray)):
         try: message = json.loads(message)
-        except (ValueError, RecursionError) as e: raise RpcError(PARSE_ERROR, f"Parse error: {e}") from None
-    if isinstance(message, list): raise RpcError(INVALID_REQUEST, "Invalid request: batches are not supported; send one request at a time")
-    if not isinstance(message, dict): raise RpcError(INVALID_REQUEST, f"Invalid request: expected an object, got {type(message).__name__}")
+        except (ValueError, RecursionError) as e:
+            raise RpcError(PARSE_ERROR, f"Parse error: {e}") from None
+    if isinstance(message, list): raise RpcError(INVALID_REQUEST,
+                                                 "Invalid request: batches are not supported; send "
+                                                 "one request at a time")
+    if not isinstance(message, dict): raise RpcError(INVALID_REQUEST,
+                                                     "Invalid request: expected an object, got "
+                                                     f"{type(message).__name__}")
     if not _valid_id(rid := message.get("id")): raise RpcError(INVALID_REQUEST, "Invalid request: 'id' must be a string, an integer or null")
-    if message.get("jsonrpc") != "2.0": raise RpcError(INVALID_REQUEST, "Invalid request: 'jsonrpc' must be \"2.0\"", id=rid)
-    if not isinstance(message.get("method"), str): raise RpcError(INVALID_REQUEST, "Invalid request: 'method' must be a string", id=rid)
+    if message.get("jsonrpc") != "2.0": raise RpcError(INVALID_REQUEST,
+                                                       "Invalid request: 'jsonrpc' must be \"2.0\"",
+                                                       id=rid)
+    if not isinstance(message.get("method"),
+                      str): raise RpcError(INVALID_REQUEST,
+                                           "Invalid request: 'method' must be a string", id=rid)
     params = message.get("params")
     return message["method"], {} if params is None else params, rid, "id" not in message
 
@@ -672,9 +745,10 @@ class RpcCall:
 # %% ../nbs/01b_mcp.ipynb #8e8af49a
 @patch
 async def tool_env(self: RpcCall) -> Environment:
-    "The environment to call tools on (made only now, when a method needs one); -32603 for one without tools that `step` cannot reach."
+    "The environment to call tools on (made only when needed); -32603 when tools are out of reach."
     env = self.env if isinstance(self.env, Environment) else await self.env(self.params)
-    if not isinstance(env, MCPEnvironment) and self.step is None: raise RpcError(INTERNAL_ERROR, "Environment does not support MCP")
+    if not isinstance(env, MCPEnvironment) and self.step is None:
+        raise RpcError(INTERNAL_ERROR, "Environment does not support MCP")
     return env
 
 # %% ../nbs/01b_mcp.ipynb #e339f674
@@ -683,9 +757,11 @@ async def stepped(self: RpcCall, env: Environment, # an environment without tool
                   action: Action, # the tool action that stands for the method
                   want: type[Observation] # the observation the method needs
                  ) -> Observation:
-    "What `env` answers when `step` takes `action` (upstream's MCP-style step); -32603 when it is not a `want`."
+    "What `env` answers when `step` takes `action` (MCP-style step); -32603 if not a `want`."
     obs = await self.step(env, action)
-    if not isinstance(obs, want): raise RpcError(INTERNAL_ERROR, f"MCP-style {type(action).__name__} step returned {type(obs).__name__}, expected {want.__name__}")
+    if not isinstance(obs, want): raise RpcError(INTERNAL_ERROR,
+                                                 f"MCP-style {type(action).__name__} step returned "
+                                                 f"{type(obs).__name__}, expected {want.__name__}")
     return obs
 
 # %% ../nbs/01b_mcp.ipynb #93b37a25
@@ -693,7 +769,8 @@ async def _initialize(call: RpcCall) -> dict:
     "MCP's handshake: agree on a protocol version and say that this server has tools."
     asked = call.params.get("protocolVersion")
     return {"protocolVersion": asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0],
-            "capabilities": {"tools": {"listChanged": False}}, "serverInfo": call.info or {"name": "openenv-nb", "version": "1.0.0"}}
+            "capabilities": {"tools": {"listChanged": False}}, "serverInfo": call.info
+            or {"name": "openenv-nb", "version": "1.0.0"}}
 
 # %% ../nbs/01b_mcp.ipynb #9f505155
 async def _ping(call: RpcCall) -> dict: return {}
@@ -703,11 +780,12 @@ async def _tools_list(call: RpcCall) -> dict:
     "The environment's tools (or those its step lists), spelled as MCP spells them."
     env = await call.tool_env()
     tools = env.list_tools() if isinstance(env, MCPEnvironment) else (await call.stepped(env, ListToolsAction(), ListToolsObservation)).tools
-    return {"tools": [{"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in tools]}
+    return {"tools": [{"name": t.name, "description": t.description, "inputSchema": t.input_schema}
+                      for t in tools]}
 
 # %% ../nbs/01b_mcp.ipynb #f8755681
 def mcp_result(r: ToolResult) -> dict:
-    "A `tools/call` result: the `ToolResult`'s fields (read by upstream's clients), and MCP's `structuredContent` and `isError`."
+    "A `tools/call` result: the `ToolResult`'s fields, and MCP's `structuredContent` and `isError`."
     d = r.model_dump(mode="json")
     d["isError"] = r.is_error
     if r.structured_content is not None: d["structuredContent"] = r.structured_content
@@ -715,21 +793,29 @@ def mcp_result(r: ToolResult) -> dict:
 
 # %% ../nbs/01b_mcp.ipynb #9d11780b
 async def _tools_call(call: RpcCall) -> dict:
-    "Call the tool the params name: unknown tool or bad arguments -32602; a tool that raised -32603, or `isError` for an MCP client."
+    "Call the tool the params name: -32602 for a bad call; -32603 (or `isError`) if it raised."
     name, args = call.params.get("name"), call.params.get("arguments")
-    if not isinstance(name, str) or not name: raise RpcError(INVALID_PARAMS, "Missing 'name' in params")
-    if args is not None and not isinstance(args, dict): raise RpcError(INVALID_PARAMS, "Invalid params: 'arguments' must be an object")
+    if not isinstance(name, str) or not name:
+        raise RpcError(INVALID_PARAMS, "Missing 'name' in params")
+    if args is not None and not isinstance(args, dict):
+        raise RpcError(INVALID_PARAMS, "Invalid params: 'arguments' must be an object")
     env = await call.tool_env()
     if not isinstance(env, MCPEnvironment):  # as upstream: the step's whole observation
-        return (await call.stepped(env, CallToolAction(tool_name=name, arguments=args or {}), CallToolObservation)).model_dump(mode="json")
+        return (await call.stepped(env, CallToolAction(tool_name=name, arguments=args or {}),
+                                   CallToolObservation)).model_dump(mode="json")
     try: return mcp_result(await env.call_tool_async(name, args))
     except ToolCallError as e:
-        if e.error_type in (ToolErrorType.TOOL_NOT_FOUND, ToolErrorType.INVALID_ARGS): raise RpcError(INVALID_PARAMS, e.message, e.errors) from None
-        if call.protocol: return mcp_result(ToolResult(content=[{"type": "text", "text": e.message}], is_error=True))
+        if e.error_type in (ToolErrorType.TOOL_NOT_FOUND, ToolErrorType.INVALID_ARGS):
+            raise RpcError(INVALID_PARAMS, e.message, e.errors) from None
+        if call.protocol:
+            return mcp_result(ToolResult(content=[{"type": "text", "text": e.message}],
+                                         is_error=True))
         raise RpcError(INTERNAL_ERROR, e.message) from None
 
 # %% ../nbs/01b_mcp.ipynb #27d6d07c
-METHODS = {"initialize": _initialize, "ping": _ping, "tools/list": _tools_list, "tools/call": _tools_call}  # method -> async (RpcCall) -> result
+# method -> async (RpcCall) -> result
+METHODS = {"initialize": _initialize, "ping": _ping, "tools/list": _tools_list,
+           "tools/call": _tools_call}
 
 # %% ../nbs/01b_mcp.ipynb #f4954a31
 async def rpc(env: Environment | Callable[[dict], Awaitable[Environment]], # the environment, or an async `(params) -> Environment`
@@ -746,9 +832,11 @@ async def rpc(env: Environment | Callable[[dict], Awaitable[Environment]], # the
     quiet = note and notifications
     fn = (methods or {}).get(method) or METHODS.get(method)
     try:
-        if not isinstance(params, dict): raise RpcError(INVALID_PARAMS, "Invalid params: 'params' must be an object")
+        if not isinstance(params, dict):
+            raise RpcError(INVALID_PARAMS, "Invalid params: 'params' must be an object")
         if fn is None: raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         result = await fn(RpcCall(params, env, protocol, info, step))
     except RpcError as e: return None if quiet else rpc_error(rid, e.code, e.message, e.data)
-    except Exception as e: return None if quiet else rpc_error(rid, INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+    except Exception as e:
+        return None if quiet else rpc_error(rid, INTERNAL_ERROR, f"{type(e).__name__}: {e}")
     return None if quiet else rpc_result(rid, result)

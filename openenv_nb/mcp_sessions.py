@@ -1,4 +1,4 @@
-"""`/mcp` over HTTP and WebSocket: stateless JSON-RPC calls, the sessions `openenv/session/create` keeps, and the reaper that closes idle ones.
+"""`/mcp` over HTTP and WebSocket: stateless calls, `openenv/session/create`'s sessions, their reaper
 
 Docs: https://openenv-nb.github.io/openenv-nb/mcp_sessions.html.md"""
 
@@ -24,7 +24,8 @@ from starlette.websockets import WebSocket, WebSocketState
 from .actions import Hub, act, factory_error
 from .doors import chosen_protocol
 from .environment import Environment
-from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction, ListToolsAction,
+from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
+                            ListToolsAction,
                             MCPEnvironment, RpcError, rpc_error)
 from .messages import IdleTimer, send_frame
 
@@ -37,7 +38,7 @@ def _full(hub: Hub) -> tuple[str, dict]:
 
 # %% ../nbs/02c_mcp_sessions.ipynb #73ae0dd5
 async def session_create(hub: Hub, call) -> dict:
-    "`openenv/session/create`: an environment kept for later calls (`session_id` in their params) and `/ws?session_id=`."
+    "`openenv/session/create`: an environment kept for calls naming its `session_id`, and `/ws?session_id=`."
     if hub.active >= hub.max_sessions: raise RpcError(SERVER_ERROR, *_full(hub))
     hub.active += 1
     try: env = await hub.make_env()
@@ -59,10 +60,11 @@ async def drop_session(hub: Hub, sid: str):
 
 # %% ../nbs/02c_mcp_sessions.ipynb #d5a2449b
 async def session_close(hub: Hub, call) -> dict:
-    "`openenv/session/close`: close a session made by `openenv/session/create`, freeing its slot (once its socket, if any, has gone)."
-    if not (sid := call.params.get("session_id")): raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
+    "`openenv/session/close`: close a session `openenv/session/create` made, freeing its slot."
+    if not (sid := call.params.get("session_id")):
+        raise RpcError(INVALID_PARAMS, "Invalid params - 'session_id' is required")
     if sid not in hub.sessions: raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid}")
-    if sid in hub.attached:  # a socket is using it: it closes when the socket goes
+    if sid in hub.attached:  # a socket is using it: it closes (and frees its slot) when the socket goes
         hub.closing.add(sid)
         return {"session_id": sid, "closed": False, "closing": True}
     await drop_session(hub, sid)
@@ -71,9 +73,9 @@ async def session_close(hub: Hub, call) -> dict:
 
 # %% ../nbs/02c_mcp_sessions.ipynb #2b2a1f11
 async def reap_idle(hub: Hub, # the server's shared state
-                    now: float | None = None # the time to judge by (`time.monotonic()`); a test passes its own
+                    now: float | None = None # the time to judge by; `None`: `time.monotonic()`
                    ) -> list[str]:
-    "Close the HTTP MCP sessions unused for `session_timeout` seconds, freeing their slots; the ids closed."
+    "Close the HTTP MCP sessions unused for `session_timeout` seconds, freeing their slots; their ids."
     seen, now = hub.seen, time.monotonic() if now is None else now
     for sid in hub.attached & seen.keys(): seen[sid] = now  # a socket attached: in use
     idle = [sid for sid, t in seen.items() if now - t >= hub.session_timeout]
@@ -100,7 +102,7 @@ def _watch(hub: Hub):
 
 # %% ../nbs/02c_mcp_sessions.ipynb #b1d6477d
 def _touch(hub: Hub, message) -> bool:
-    "Mark the HTTP MCP session that `message` names (`params.session_id`) as used now; whether it named one."
+    "Mark the HTTP MCP session `message` names (`params.session_id`) as used now; whether it named one."
     params = message.get("params") if isinstance(message, dict) else None
     sid = params.get("session_id") if isinstance(params, dict) else None
     if not isinstance(sid, str) or sid not in (seen := hub.seen): return False
@@ -111,7 +113,7 @@ def _touch(hub: Hub, message) -> bool:
 def serve_tools(hub: Hub, # the hub to set up
                 cls: type | None, # the class the factory builds
                 env_name: str | None = None): # the name `initialize` reports
-    "Set `hub` up for MCP: tool actions when `cls` is an `MCPEnvironment`, and the HTTP session methods."
+    "Set `hub` up for MCP: tool actions when `cls` is an `MCPEnvironment`; the HTTP session methods."
     hub.tools = (isinstance(cls, type) and issubclass(cls, MCPEnvironment)) or \
                 hub.action_cls in (CallToolAction, ListToolsAction)
     hub.rpc_info = {"name": env_name or getattr(cls, "__name__", "environment"), "version": "1.0.0"}
@@ -122,7 +124,7 @@ def serve_tools(hub: Hub, # the hub to set up
 async def rpc_once(hub: Hub, # the server's shared state
                    body: bytes | str, # one JSON-RPC message, as received
                    **extra): # for `mcp.rpc`: `protocol`
-    "The reply to a stateless `/mcp` call; a fresh environment, made only when a method needs one, holds a slot."
+    "The reply to a stateless `/mcp` call; a fresh environment, made only when needed, holds a slot."
     try: message = json.loads(body)
     except (ValueError, RecursionError): message = body  # `rpc` answers it with a parse error
     listing, made, slot = isinstance(message, dict) and message.get("method") == "tools/list", [], 0
@@ -140,13 +142,14 @@ async def rpc_once(hub: Hub, # the server's shared state
         if made: await hub.close_env(made[0])
         hub.active -= slot
         if used: _touch(hub, message)
-    return frame["data"] if frame["type"] == "mcp" else rpc_error(None, INTERNAL_ERROR, frame["data"]["message"])
+    return (frame["data"] if frame["type"] == "mcp"
+            else rpc_error(None, INTERNAL_ERROR, frame["data"]["message"]))
 
 
 # %% ../nbs/02c_mcp_sessions.ipynb #9e63d228
 async def http_mcp(hub: Hub, # the server's shared state
                    body: bytes, # one JSON-RPC message, as received
-                   h: dict | None = None # its headers (`doors.heads`): `mcp-protocol-version` is read
+                   h: dict | None = None # its headers (`doors.heads`): `mcp-protocol-version` read
                   ) -> tuple[Any, int]:
     "The body and status of the answer to `POST /mcp` (no body and 202 for a notification)."
     reply = await rpc_once(hub, body, protocol=(h or {}).get("mcp-protocol-version"))
@@ -154,7 +157,7 @@ async def http_mcp(hub: Hub, # the server's shared state
 
 # %% ../nbs/02c_mcp_sessions.ipynb #f8d46c42
 async def mcp(request: Request) -> Response:
-    "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, `openenv/session/create|close`, MCP's own)."
+    "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, sessions, MCP's own)."
     h = {"mcp-protocol-version": request.headers.get("mcp-protocol-version")}
     content, status = await http_mcp(request.app.state.hub, await request.body(), h)
     return Response(status_code=status) if content is None else JSONResponse(content, status)
@@ -162,7 +165,7 @@ async def mcp(request: Request) -> Response:
 
 # %% ../nbs/02c_mcp_sessions.ipynb #6345803b
 async def mcp_socket(ws: WebSocket):
-    "WebSocket `/mcp`: one socket, one environment; each text frame is one JSON-RPC message, answered in order."
+    "WebSocket `/mcp`: one socket, one environment; each text frame one JSON-RPC message, in order."
     hub: Hub = ws.app.state.hub
     await ws.accept(subprotocol=chosen_protocol(ws))
     if hub.active >= hub.max_sessions:
@@ -171,13 +174,17 @@ async def mcp_socket(ws: WebSocket):
     hub.active, env, idle = hub.active + 1, None, IdleTimer(ws)
     try:
         env = await hub.make_env()
-        while (msg := await idle.receive(hub.session_timeout)) is not None and msg["type"] != "websocket.disconnect":
+        while ((msg := await idle.receive(hub.session_timeout)) is not None
+               and msg["type"] != "websocket.disconnect"):
             text = msg.get("text") or msg.get("bytes") or ""
-            if len(text) <= hub.max_message_size: reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"]
-            else: reply = rpc_error(None, -32600, f"Message of {len(text)} characters is over the limit of {hub.max_message_size}")
+            if len(text) <= hub.max_message_size:
+                reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"]
+            else: reply = rpc_error(None, -32600, f"Message of {len(text)} characters is over the "
+                                                  f"limit of {hub.max_message_size}")
             await send_frame(ws, reply)
     except Exception as e:
-        with contextlib.suppress(Exception): await send_frame(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
+        with contextlib.suppress(Exception):
+            await send_frame(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
     finally:
         idle.close()
         hub.active -= 1

@@ -1,4 +1,4 @@
-"""The frames of the session protocol: the messages a client sends, read and checked with `decode` and answered with `reply`, and the wait for the next one.
+"""The session protocol's frames: client messages, read by `decode`, answered by `reply`; idle waits
 
 Docs: https://openenv-nb.github.io/openenv-nb/messages.html.md"""
 
@@ -30,11 +30,12 @@ class ResetMsg(_Msg):
 
 # %% ../nbs/01d_messages.ipynb #c36c000f
 class StepKwargs(_Msg, extra="allow"):
-    "What a step message may carry beside its action (the `step-kwargs` extension): `timeout_s`, and what `step` takes."
-    timeout_s: float | None = Field(default=None, gt=0, description="Time limit for the step, in seconds")
+    "What a step message may carry beside its action: `timeout_s`, and what `step` takes."
+    timeout_s: float | None = Field(default=None, gt=0,
+                                    description="Time limit for the step, in seconds")
 
 class StepMsg(_Msg):
-    "Apply an action; `data` holds its fields, `kwargs` more arguments for `step` (`step-kwargs` extension)."
+    "Apply an action; `data` holds its fields, `kwargs` more arguments for `step`."
     type: Literal["step"]
     data: dict[str, Any]
     kwargs: StepKwargs = Field(default_factory=StepKwargs)
@@ -68,29 +69,36 @@ def _valid_id(rid) -> bool:
 def decode(text: str, # a text frame
            kinds: dict = MESSAGES # the message types this connection speaks
           ) -> tuple[BaseModel | dict, Any]:
-    "A frame as `(typed message, request id)`, with an error frame in place of the message when it is bad."
+    "A frame as `(typed message, request id)`, an error frame in place of a bad message."
     try: m = loads(text)
-    except (ValueError, RecursionError) as e: return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
+    except (ValueError, RecursionError) as e:
+        return error_frame(ErrorCode.INVALID_JSON, f"Invalid JSON: {e}"), None
     if not isinstance(m, dict):
-        return error_frame(ErrorCode.INVALID_JSON, f"A message must be a JSON object with a 'type', not {type(m).__name__}"), None
+        return error_frame(ErrorCode.INVALID_JSON, "A message must be a JSON object with a "
+                                                   f"'type', not {type(m).__name__}"), None
     rid = m.pop("id", None)
     if rid is not None and not _valid_id(rid):
-        return error_frame(ErrorCode.VALIDATION_ERROR, "'id' must be a string or an integer of at most 255 characters",
-                           errors=[{"type": "invalid_id", "loc": ["id"], "msg": "Invalid request id"}]), None
+        return error_frame(ErrorCode.VALIDATION_ERROR,
+                           "'id' must be a string or an integer of at most 255 characters",
+                           errors=[{"type": "invalid_id", "loc": ["id"],
+                                    "msg": "Invalid request id"}]), None
     kind = m.get("type")
     cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None: return error_frame(ErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind}"), rid
-    try: return cls.__pydantic_validator__.validate_python(m), rid  # `model_validate` without its wrapper: every frame
+    # `model_validate` without its wrapper: every frame
+    try: return cls.__pydantic_validator__.validate_python(m), rid
     except ValidationError as e: return invalid("Invalid message", e), rid
 
 # %% ../nbs/01d_messages.ipynb #e72ccdb5
 def unreadable(text: str | None, # the frame's text; `None` for a binary frame
                limit: int # the longest frame read, in characters
               ) -> dict | None:
-    "The error frame for a frame that is not read at all (binary, or over `limit`); `None` for one that is."
-    if text is None: return error_frame(ErrorCode.INVALID_JSON, "Binary frames are not supported: send JSON as text")
+    "The error frame for a frame not read at all (binary, or over `limit`); else `None`."
+    if text is None: return error_frame(ErrorCode.INVALID_JSON,
+                                        "Binary frames are not supported: send JSON as text")
     if len(text) > limit:
-        return error_frame(ErrorCode.VALIDATION_ERROR, f"Message of {len(text)} characters is over the limit of {limit}",
+        return error_frame(ErrorCode.VALIDATION_ERROR,
+                           f"Message of {len(text)} characters is over the limit of {limit}",
                            errors=[{"type": "too_long", "loc": [], "msg": "Message too large"}])
     return None
 
@@ -100,7 +108,7 @@ async def reply(text: str | None, # the frame's text; `None` for a binary frame
                 answer: Callable[[BaseModel], Awaitable[dict | None]], # the reply to a good message; `None` to close
                 kinds: dict = MESSAGES # the message types the socket speaks
                ) -> dict | None:
-    "The reply to one incoming frame: `answer`'s to a good message, an error frame to a bad one, with its `id`."
+    "The reply to one frame: `answer`'s to a good message, an error frame to a bad one, with its `id`."
     if (err := unreadable(text, limit)) is not None: return err
     m, rid = decode(text, kinds)
     if isinstance(m, BaseModel) and (m := await answer(m)) is None: return None
@@ -115,7 +123,7 @@ async def send_frame(ws, # an accepted WebSocket (anything with an async `send_t
 
 # %% ../nbs/01d_messages.ipynb #d5dc76c3
 class IdleTimer:
-    "One session's frame waits with a time limit: one loop timer, re-armed only when it fires early, instead of one `asyncio.timeout` per frame."
+    "One session's frame waits with a time limit, on one loop timer re-armed only when it fires early."
     def __init__(self, ws): # a WebSocket (anything with an async `receive`), read from one task
         self.ws, self.loop, self.task = ws, asyncio.get_running_loop(), asyncio.current_task()
         self.handle, self.deadline, self.waiting, self.expired = None, 0.0, False, False
@@ -123,7 +131,7 @@ class IdleTimer:
 # %% ../nbs/01d_messages.ipynb #42ec26e5
 @patch_to(IdleTimer)
 def _fire(self):
-    "The timer ran out: end a wait that is past its deadline, wait on for one that is not; a busy session re-arms on its next wait."
+    "The timer ran out: end a wait past its deadline, re-arm for one that is not."
     self.handle = None
     if not self.waiting: return
     if self.loop.time() < self.deadline: self.handle = self.loop.call_at(self.deadline, self._fire)
@@ -136,7 +144,8 @@ async def receive(self, timeout: float | None # seconds of silence allowed; `Non
     "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
     if timeout is None: return await self.ws.receive()
     self.deadline = self.loop.time() + timeout
-    if self.handle is not None and self.handle.when() > self.deadline: self.handle.cancel(); self.handle = None
+    if self.handle is not None and self.handle.when() > self.deadline:
+        self.handle.cancel(); self.handle = None
     if self.handle is None: self.handle = self.loop.call_at(self.deadline, self._fire)
     self.waiting = True
     try: return await self.ws.receive()

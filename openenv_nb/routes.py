@@ -1,4 +1,4 @@
-"""OpenEnv's HTTP routes: `/health`, `/metadata`, `/schema`, and the stateless `/reset`, `/step` and `/state`, with the fast path that answers them.
+"""OpenEnv's HTTP routes: `/health`, `/metadata`, `/schema`; stateless `/reset`, `/step`, `/state`
 
 Docs: https://openenv-nb.github.io/openenv-nb/routes.html.md"""
 
@@ -25,7 +25,7 @@ async def one_shot(hub: Hub, # the server's shared state
                    kind: str, # a kind of call (see `actions.KINDS`)
                    data: dict, # the call's data
                    **extra): # more keyword arguments for the environment's method
-    "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot while it runs."
+    "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot meanwhile."
     if hub.active >= hub.max_sessions: return at_capacity(hub)
     hub.active, made = hub.active + 1, []
     async def fresh() -> Environment:
@@ -40,9 +40,12 @@ async def one_shot(hub: Hub, # the server's shared state
 class Health(BaseModel):
     "What `/health` answers."
     status: str = Field(description="`healthy` while the server serves")
-    active_sessions: int = Field(description="Environments in use: WebSocket sessions, `batch` environments, HTTP calls running (`health-capacity` extension)")
+    active_sessions: int = Field(description="Environments in use: WebSocket sessions, `batch` "
+                                             "environments, HTTP calls running (`health-capacity` "
+                                             "extension)")
     max_sessions: int = Field(description="Environments the server will hold")
-    connections: int = Field(description="WebSockets open: sessions, `batch` connections and web pages")
+    connections: int = Field(description="WebSockets open: sessions, `batch` connections and web "
+                                         "pages")
     max_connections: int = Field(description="WebSockets the server will hold open")
 
 # %% ../nbs/02d_routes.ipynb #51bdc176
@@ -51,27 +54,34 @@ class Schemas(BaseModel):
     action: dict[str, Any]
     observation: dict[str, Any]
     state: dict[str, Any]
-    reset_observation: dict[str, Any] | None = Field(default=None, description="What `reset` returns (the observation's schema unless the server was given `reset_observation_cls`)")
+    reset_observation: dict[str, Any] | None = Field(
+        default=None, description="What `reset` returns (the observation's schema unless the server "
+                                  "was given `reset_observation_cls`)")
 
 
 # %% ../nbs/02d_routes.ipynb #aea9e943
 def add_info_routes(app: FastAPI, hub: Hub):
     "Register `/health`, `/metadata` and `/schema` on `app`."
-    schema = {"action": hub.action_cls.model_json_schema(), "observation": hub.observation_cls.model_json_schema(),
-              "state": hub.state_cls.model_json_schema(), "reset_observation": hub.reset_observation_cls.model_json_schema()}
-    @app.get("/health", tags=["Health"], summary="Health check, with session capacity", response_model=Health)
+    schema = {"action": hub.action_cls.model_json_schema(),
+              "observation": hub.observation_cls.model_json_schema(),
+              "state": hub.state_cls.model_json_schema(),
+              "reset_observation": hub.reset_observation_cls.model_json_schema()}
+    @app.get("/health", tags=["Health"], summary="Health check, with session capacity",
+             response_model=Health)
     async def health() -> dict: return hub.health()
-    @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata, summary="About this environment")
+    @app.get("/metadata", tags=["Environment Info"], response_model=EnvironmentMetadata,
+             summary="About this environment")
     async def metadata():
         if hub.metadata is not None: return hub.metadata
         return JSONResponse(*http_reply(await one_shot(hub, "metadata", {})))
-    @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state", response_model=Schemas)
+    @app.get("/schema", tags=["Schema"], summary="JSON schemas of action, observation and state",
+             response_model=Schemas)
     async def get_schema() -> dict: return schema
 
 
 # %% ../nbs/02d_routes.ipynb #68663bcd
 def _topped(frame: dict) -> dict:
-    "An HTTP envelope with its top-level `metadata` always present (`null` when empty), as OpenEnv 0.10's response models send it."
+    "An HTTP envelope with its top-level `metadata` always present (`null` when empty), as OpenEnv 0.10's."
     if frame["type"] == "observation": frame["data"].setdefault("metadata", None)
     return frame
 
@@ -82,7 +92,8 @@ async def _reset_answer(hub: Hub, # the server's shared state
                         h: dict | None = None # the request's headers (unread)
                        ) -> tuple[Any, int]:
     "The body and status of the answer to `POST /reset`."
-    kw = body.model_dump(exclude_unset=True) if body.model_fields_set else {}  # what `act`'s check would make
+    # what `act`'s check would make
+    kw = body.model_dump(exclude_unset=True) if body.model_fields_set else {}
     return http_reply(_topped(await one_shot(hub, "reset", Checked(kw))))
 
 # %% ../nbs/02d_routes.ipynb #30144181
@@ -90,7 +101,7 @@ async def _step_answer(hub: Hub, # the server's shared state
                        body: StepRequest, # the checked body
                        h: dict | None = None # the request's headers (unread)
                       ) -> tuple[Any, int]:
-    "The body and status of the answer to `POST /step`: `timeout_s` and the other extras go to the environment."
+    "The body and status of the answer to `POST /step`: `timeout_s` and other extras go to `step`."
     sent = body.model_fields_set
     extra = {k: v for k, v in body if k != "action" and k in sent} if len(sent) > 1 else {}
     return http_reply(_topped(await one_shot(hub, "step", body.action, **extra)))
@@ -102,18 +113,22 @@ async def _state_answer(hub: Hub, # the server's shared state
                        ) -> tuple[Any, int]:
     "The body and status of the answer to `GET /state`: only the served `State` class's fields."
     frame, fields = await one_shot(hub, "state", {}), hub.state_cls.model_fields
-    if frame["type"] == "state": frame["data"] = {k: v for k, v in frame["data"].items() if k in fields}
+    if frame["type"] == "state": frame["data"] = {k: v for k, v in frame["data"].items()
+                                                  if k in fields}
     return http_reply(frame)
 
 # %% ../nbs/02d_routes.ipynb #df4c34db
 def add_http_routes(app: FastAPI, hub: Hub):
     "Register the stateless `/reset`, `/step` and `/state` on `app` (`HOT` has their fast path)."
-    @app.post("/reset", tags=["Environment Control"], summary="Reset a fresh environment (stateless)", **ENVELOPE)
+    @app.post("/reset", tags=["Environment Control"],
+              summary="Reset a fresh environment (stateless)", **ENVELOPE)
     async def reset(body: ResetRequest = Body(default_factory=ResetRequest)):
         return JSONResponse(*await _reset_answer(hub, body))
-    @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)", **ENVELOPE)
+    @app.post("/step", tags=["Environment Control"], summary="Step a fresh environment (stateless)",
+              **ENVELOPE)
     async def step(body: StepRequest): return JSONResponse(*await _step_answer(hub, body))
-    @app.get("/state", tags=["State Management"], summary="State of a fresh environment (stateless)")
+    @app.get("/state", tags=["State Management"],
+             summary="State of a fresh environment (stateless)")
     async def state(): return JSONResponse(*await _state_answer(hub))
 
 # %% ../nbs/02d_routes.ipynb #8a7991e9
@@ -122,18 +137,19 @@ def fast_body(model: type[BaseModel], # the route's body model
               ctype: str | None, # its `Content-Type`
               optional: bool = False # an empty body means `model()`, as for `/reset`
              ) -> BaseModel | None:
-    "`raw` checked by `model` where FastAPI would read it alike and accept it; `None` leaves the request to FastAPI."
+    "`raw` checked by `model` where FastAPI would read and accept it alike; else `None` (FastAPI's)."
     if not raw: return model() if optional else None
     if ctype is None or ctype.partition(";")[0].strip().lower() != "application/json": return None
     try: return model.model_validate_json(raw)  # pydantic's own JSON reader: no dict made first
-    except Exception: return None  # FastAPI's error (and its reading of odd JSON: `NaN`, lone surrogates) stays FastAPI's
+    # FastAPI's error (and its reading of odd JSON: `NaN`, lone surrogates) stays FastAPI's
+    except Exception: return None
 
 # %% ../nbs/02d_routes.ipynb #40b6fc88
 class Hot(NamedTuple):
-    "A route the `Guard` of `server` answers itself when it can: how its body is read, and what answers it."
-    model: type[BaseModel] | type[bytes] | None # the body's model; `bytes`: the body as received; `None`: no body
+    "A route the `Guard` of `server` answers itself when it can: how its body is read, what answers it."
+    model: type[BaseModel] | type[bytes] | None # the body's model; `bytes`: as received; `None`: none
     optional: bool # an empty body means `model()`, as for `/reset`
-    answer: Callable[..., Awaitable[tuple[Any, int]]] # `(hub, body, headers)` -> `(content, status)`
+    answer: Callable[..., Awaitable[tuple[Any, int]]] # `(hub, body, headers)` -> `(content,status)`
 
 # %% ../nbs/02d_routes.ipynb #0b9e52e9
 @patch_to(Hot)
@@ -144,7 +160,8 @@ async def reply(self, hub: Hub, # the server's shared state
     "The body and status of the answer to a request for this route; `None` leaves it to FastAPI."
     if self.model is bytes: return await self.answer(hub, raw, h)  # the body as received
     if self.model is None: return await self.answer(hub, None, h)
-    if (body := fast_body(self.model, raw, h.get("content-type"), self.optional)) is None: return None
+    if (body := fast_body(self.model, raw, h.get("content-type"),
+                          self.optional)) is None: return None
     return await self.answer(hub, body, h)
 
 # %% ../nbs/02d_routes.ipynb #5ddd6391
@@ -159,16 +176,18 @@ HOT: dict[tuple[str, str], Hot] = {  # (method, path): the route
 async def _send_empty(send, # the ASGI `send` of an HTTP request
                      status: int): # the HTTP status
     "Answer with no body, as Starlette's `Response(status_code=status)` would."
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", b"0")]})
     await send({"type": "http.response.body", "body": b""})
 
 # %% ../nbs/02d_routes.ipynb #d832c7b3
 async def respond(send, # the ASGI `send` of an HTTP request
                   content: Any, # the body, to write as JSON; `None`: no body (a 202)
                   status: int = 200): # the HTTP status
-    "Answer with `content` as `JSONResponse` would (same headers, same JSON), written by orjson; `None` as an empty `Response`."
+    "Answer with `content` as `JSONResponse` would, written by orjson; `None` as an empty `Response`."
     if content is None: return await _send_empty(send, status)
     body = dumps(content)
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]})
+                "headers": [(b"content-length", str(len(body)).encode()),
+                            (b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})

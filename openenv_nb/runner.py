@@ -1,4 +1,4 @@
-"""Serve an app with uvicorn, in this process or in a thread of it: one set of settings for every server we start.
+"""Serve an app with uvicorn, in this process or a thread of it: one set of settings for every server
 
 Docs: https://openenv-nb.github.io/openenv-nb/runner.html.md"""
 
@@ -36,29 +36,30 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 _UNFINISHED = "ASGI callable returned without completing handshake."
 
 class LogGuard(Redact):
-    "`Redact` for uvicorn's log, which also drops uvicorn's false error after a refused WebSocket handshake."
+    "`Redact` for uvicorn's log, also dropping its false error after a refused WebSocket handshake."
 
 # %% ../nbs/02e_runner.ipynb #a96f5762
 @patch_to(LogGuard)
 def filter(self, record: logging.LogRecord) -> bool:
-    "Let `record` through with its tokens blanked; drop uvicorn's false error in the task of a refused handshake."
+    "Let `record` through with its tokens blanked; drop uvicorn's false error after a refused handshake."
     if record.msg == _UNFINISHED and _denied.get(): return False
     return super(LogGuard, self).filter(record)
 
 # %% ../nbs/02e_runner.ipynb #b5918c8a
 def transport_limit(app # the app to serve
                    ) -> int:
-    "The largest WebSocket frame uvicorn should read for `app`, in bytes: 16 MiB, or 4 bytes a character of its `max_message_size` when that is more."
+    "The largest WebSocket frame uvicorn should read for `app`, in bytes."
     hub = getattr(getattr(app, "state", None), "hub", None)
     return max(16 << 20, 4 * hub.max_message_size) if hub is not None else 16 << 20
 
 # %% ../nbs/02e_runner.ipynb #406a8eaf
 class SteadyReads(WebSocketsSansIOProtocol):
-    "uvicorn's WebSocket protocol (`websockets-sansio`), but reads pause only once `high` messages wait for the app, not after each one."
+    "uvicorn's WebSocket protocol (`websockets-sansio`); reads pause only once `high` messages wait."
     high = 2  # messages waiting for the app before reads pause (uvicorn's own pauses at 1)
 
     def send_receive_event_to_app(self):
-        held, self.read_paused = self.read_paused, True  # uvicorn pauses reads unless they are paused already
+        # uvicorn pauses reads unless they are paused already
+        held, self.read_paused = self.read_paused, True
         try: super().send_receive_event_to_app()
         finally: self.read_paused = held
         if not held and self.queue.qsize() >= self.high and not self.transport.is_closing():
@@ -75,8 +76,10 @@ def server_config(app: FastAPI, # the app to serve
                  ) -> uvicorn.Config:
     "The uvicorn settings every openenv-nb server runs with (and `LogGuard` on uvicorn's log)."
     logging.getLogger("uvicorn.error").addFilter(_log_guard)
-    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size or transport_limit(app), ws_per_message_deflate=compression,
-                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5, ws=SteadyReads)
+    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=ws_max_size
+                          or transport_limit(app), ws_per_message_deflate=compression,
+                          ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
+                          ws=SteadyReads)
 
 # %% ../nbs/02e_runner.ipynb #a3f849ca
 @delegates(server_config, but=["app"])
@@ -109,14 +112,16 @@ def serve_in_thread(app: FastAPI, # the app to serve
                     port: int = 0, # port, `0` for a free one
                     log_level: str = "warning", # uvicorn's log level
                     **kwargs):
-    "Serve `app` in a background thread with `serve`'s settings; yields the base URL, stops on exit."
+    "Serve `app` in a thread with `serve`'s settings; yields the base URL, stops on exit."
     sock = bind(host, port)
     server = _Server(server_config(app, log_level=log_level, **kwargs))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openenv-serve")
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                         name="openenv-serve")
     t.start()
     try:
         while not server.ready.wait(0.05):
-            if not t.is_alive(): raise RuntimeError(f"The server thread for {host}:{port} exited before it listened")
+            if not t.is_alive(): raise RuntimeError(f"The server thread for {host}:{port} exited "
+                                                    "before it listened")
         yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

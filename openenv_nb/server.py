@@ -1,4 +1,4 @@
-"""`create_app`: serve any `Environment` over HTTP, WebSocket and MCP, compatible with OpenEnv, behind one door.
+"""`create_app`: serve any `Environment` over HTTP, WebSocket and MCP, as OpenEnv does
 
 Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 
@@ -34,7 +34,7 @@ from .web import add_web_interface
 
 # %% ../nbs/02_server.ipynb #9118ed15
 def _replay(body: bytes, receive) -> Callable:
-    "A `receive` that hands out `body` once, then the real `receive`'s messages (a disconnect, say)."
+    "A `receive` that hands out `body` once, then the real `receive`'s messages (a disconnect...)."
     sent = False
     async def again():
         nonlocal sent
@@ -45,12 +45,12 @@ def _replay(body: bytes, receive) -> Callable:
 
 # %% ../nbs/02_server.ipynb #6496ee7e
 class Guard:
-    "ASGI middleware at a server's door: who may come in, how big a body may be, how many sockets may be open."
+    "ASGI middleware at a server's door: who may come in, how big a body, how many sockets open."
     def __init__(self, app, # the app behind the door
                  hub: Hub, # the server's shared state: its `doors`, `connections` and limits
-                 hot: dict[tuple[str, str], Hot] | None = None, # routes answered here when they can be; `None` none
-                 ws: Callable | None = None, # the `/ws` route, served here without the app's layers; `None`: the app's
-                 direct: Callable[[dict], bool] | None = None): # whether a request may skip the app; `None`: always
+                 hot: dict[tuple[str, str], Hot] | None = None, # routes answered here if they can be
+                 ws: Callable | None = None, # `/ws`, without the app's layers; `None`: the app's
+                 direct: Callable[[dict], bool] | None = None): # may a request skip the app? `None`: yes
         self.app, self.hub, self.hot, self.ws = app, hub, hot or {}, ws
         self.direct = direct or (lambda scope: True)
 
@@ -60,45 +60,54 @@ async def __call__(self, scope: dict, receive, send):
     "Refuse what the doors refuse; count WebSockets; bound HTTP bodies; pass the rest to the app."
     if scope["type"] not in ("http", "websocket"): return await self.app(scope, receive, send)
     h = heads(scope)
-    if (no := self.hub.doors.refusal(scope, h)) is not None: return await deny(scope, receive, send, *no)
+    if (no := self.hub.doors.refusal(scope,
+                                     h)) is not None: return await deny(scope, receive, send, *no)
     if scope["type"] == "websocket": return await self.socket(scope, receive, send)
     await self.request(scope, receive, send, h)
 
 # %% ../nbs/02_server.ipynb #d5a47885
 @patch_to(Guard)
 async def socket(self, scope: dict, receive, send):
-    "Let a WebSocket in while fewer than `max_connections` are open, and count it while it is; `/ws` goes to `ws`."
+    "Let a WebSocket in while fewer than `max_connections` are open, and count it; `/ws` to `ws`."
     hub = self.hub
     if hub.connections >= hub.max_connections:
-        return await deny(scope, receive, send, 503, "CAPACITY_REACHED", f"Server at its connection limit: {hub.connections}/"
+        return await deny(scope, receive, send, 503, "CAPACITY_REACHED",
+                          f"Server at its connection limit: {hub.connections}/"
                           f"{hub.max_connections} WebSockets open; try again later")
     hub.connections += 1
     try:
-        if self.ws is not None and scope["path"] == "/ws" and self.direct(scope): await self.ws(scope, receive, send)
+        if self.ws is not None and scope["path"] == "/ws" and self.direct(scope):
+            await self.ws(scope, receive, send)
         else: await self.app(scope, receive, send)
     finally: hub.connections -= 1
 
 # %% ../nbs/02_server.ipynb #0e74058b
 def _too_large(limit: int, size: int | None = None) -> str:
-    return (f"Request body of {size} bytes" if size else "Request body") + f" is over this server's limit of {limit} bytes (max_body)"
+    return (f"Request body of {size} bytes" if size
+            else "Request body") + f" is over this server's limit of {limit} bytes (max_body)"
 
 # %% ../nbs/02_server.ipynb #cd66fedd
 @patch_to(Guard)
 async def request(self, scope: dict, receive, send, h: dict):
-    "Read a body as it streams in, at most `max_body` bytes (413 past that); answer a `hot` route, or call the app."
+    "Read a body as it streams in, at most `max_body` bytes (or 413); answer it or call the app."
     limit = self.hub.doors.max_body
     size = int(h["content-length"]) if h.get("content-length", "").isdigit() else 0
-    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit, size))
+    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                       _too_large(limit, size))
     if (msg := await receive())["type"] != "http.request": return  # the client went away
     raw, more = msg.get("body", b""), msg.get("more_body", False)  # most bodies come in one piece
     chunks, size = [raw], len(raw)
     while more:
-        if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit))
+        if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                           _too_large(limit))
         if (msg := await receive())["type"] != "http.request": return
-        chunks.append(msg.get("body", b"")); size += len(chunks[-1]); more = msg.get("more_body", False)
-    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE", _too_large(limit))
+        chunks.append(msg.get("body", b"")); size += len(chunks[-1])
+        more = msg.get("more_body", False)
+    if size > limit: return await deny(scope, receive, send, 413, "PAYLOAD_TOO_LARGE",
+                                       _too_large(limit))
     if len(chunks) > 1: raw = b"".join(chunks)
-    if (hot := self.hot.get((scope["method"], scope["path"]))) is not None and self.direct(scope) and \
+    if (hot := self.hot.get((scope["method"],
+                             scope["path"]))) is not None and self.direct(scope) and \
        (out := await hot.reply(self.hub, raw, h)) is not None: return await respond(send, *out)
     await self.app(scope, _replay(raw, receive), send)
 
@@ -122,13 +131,15 @@ class ConcurrencyError(ValueError):
 def _check_factory(env) -> None:
     "Refuse an environment instance where a factory is needed."
     if isinstance(env, Environment):
-        raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got a {type(env).__name__} "
+        raise TypeError("create_app's env must be a callable (an environment class or "
+                        f"zero-argument factory), got a {type(env).__name__} "
                         f"instance; pass `{type(env).__name__}`, not `{type(env).__name__}()`")
-    if not callable(env): raise TypeError(f"create_app's env must be a callable (an environment class or zero-argument factory), got {env!r}")
+    if not callable(env): raise TypeError("create_app's env must be a callable (an environment "
+                                          f"class or zero-argument factory), got {env!r}")
 
 # %% ../nbs/02_server.ipynb #2369598e
 def _env_class(env: Callable, probe: bool) -> type | None:
-    "The class `env` builds: `env` itself, its return annotation, or (when `probe`) the type of one instance."
+    "The class `env` builds: `env` itself, its return annotation, or (`probe`) one instance's type."
     if isinstance(env, type): return env
     try: hint = typing.get_type_hints(env).get("return")
     except Exception: hint = None
@@ -141,10 +152,10 @@ def _env_class(env: Callable, probe: bool) -> type | None:
 # %% ../nbs/02_server.ipynb #795c39cf
 DEFAULT_CAPACITY = 64  # environments a server holds when nothing else says
 
-def capacity(cls: type | None, # the environment class (`None`: unknown, as a factory that is not annotated)
+def capacity(cls: type | None, # the environment class (`None`: unknown, an unannotated factory)
              asked: int | None = None # what the caller asked for
             ) -> int:
-    "Environments a server of `cls` holds at once: `asked`, else `MAX_CONCURRENT_ENVS`, else the class's own, else 64."
+    "Environments a server of `cls` holds at once: `asked`, `MAX_CONCURRENT_ENVS`, its own, or 64."
     if asked is not None: return asked
     if not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False): return 1
     if n := os.environ.get("MAX_CONCURRENT_ENVS", "").strip(): return int(n)
@@ -152,34 +163,41 @@ def capacity(cls: type | None, # the environment class (`None`: unknown, as a fa
     return derive() if callable(derive) else DEFAULT_CAPACITY
 
 # %% ../nbs/02_server.ipynb #61576950
-def _classes(env: Callable, action_cls: type | None, observation_cls: type | None, asked: int | None) -> tuple:
-    "The class `env` builds, its action and observation classes, and the capacity; a `create_app` that cannot work raises."
+def _classes(env: Callable, action_cls: type | None, observation_cls: type | None,
+             asked: int | None) -> tuple:
+    "The class `env` builds, its action and observation classes, and the capacity; else raises."
     _check_factory(env)
     if asked is not None and (not isinstance(asked, int) or asked < 1):
         raise ValueError(f"max_concurrent_envs must be an integer >= 1, got {asked!r}")
     cls = _env_class(env, probe=(asked or 1) > 1 or action_cls is None or observation_cls is None)
     if (n := capacity(cls, asked)) > 1 and not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False):
-        raise ConcurrencyError(f"{cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS = True, so it cannot serve "
-                               f"max_concurrent_envs={n}; use 1, or mark the class if its instances share nothing")
+        raise ConcurrencyError(f"{cls.__name__} does not declare SUPPORTS_CONCURRENT_SESSIONS = "
+                               "True, so it cannot serve "
+                               f"max_concurrent_envs={n}; use 1, or mark the class if its "
+                               "instances share nothing")
     a, o, _ = env_types(cls) if cls else (None, None, State)
     if (action_cls := action_cls or a) is None or (observation_cls := observation_cls or o) is None:
-        raise TypeError(f"Cannot tell the action and observation classes of {getattr(cls, '__name__', env)}: subclass "
-                        "Environment[MyAction, MyObservation, MyState] or pass action_cls= and observation_cls=")
+        raise TypeError("Cannot tell the action and observation classes of "
+                        f"{getattr(cls, '__name__', env)}: subclass "
+                        "Environment[MyAction, MyObservation, MyState] or pass action_cls= and "
+                        "observation_cls=")
     return cls, action_cls, observation_cls, n
 
 # %% ../nbs/02_server.ipynb #0115db0b
-def server_mode(mode: str | None = None # `simulation` or `production`; `None` reads `OPENENV_MODE` (default `simulation`)
+def server_mode(mode: str | None = None # `simulation` or `production`; `None` reads `OPENENV_MODE`
                ) -> str:
-    "The server mode, checked: production serves no simulation controls (`/reset`, `/step`, `/state`), as OpenEnv 0.10."
-    m = (mode if mode is not None else os.environ.get("OPENENV_MODE") or "simulation").strip().lower()
-    if m not in ("simulation", "production"): raise ValueError(f"Invalid mode {mode!r}: use 'simulation' or 'production'")
+    "The server mode, checked (`simulation` when `OPENENV_MODE` is unset)."
+    m = (mode if mode is not None else os.environ.get("OPENENV_MODE")
+         or "simulation").strip().lower()
+    if m not in ("simulation", "production"):
+        raise ValueError(f"Invalid mode {mode!r}: use 'simulation' or 'production'")
     return m
 
 
 # %% ../nbs/02_server.ipynb #240cec1a
 def message_limit(n: int | None = None # what the caller asked for
                  ) -> int:
-    "`n`; else `OPENENV_MAX_MESSAGE_SIZE`; else 1 MiB: the longest text frame a server reads, in characters."
+    "`n`, `OPENENV_MAX_MESSAGE_SIZE` or 1 MiB: the longest text frame read, in characters."
     if n is None: n = int(os.environ.get("OPENENV_MAX_MESSAGE_SIZE", "").strip() or 1 << 20)
     if n < 1: raise ValueError(f"max_message_size must be at least 1, got {n}")
     return n
@@ -187,20 +205,21 @@ def message_limit(n: int | None = None # what the caller asked for
 # %% ../nbs/02_server.ipynb #0c0d3b65
 def preflight(cls: type | None # the environment class a server is about to serve
              ) -> None:
-    "Run `cls.preflight()` when the class has one: an environment that cannot keep its promises stops the server here."
+    "Run `cls.preflight()` when the class has one: one that cannot keep its promises stops here."
     check = getattr(cls, "preflight", None)
     if callable(check): check()
 
 # %% ../nbs/02_server.ipynb #0401ca54
 class App(FastAPI):
-    "The app `create_app` makes: FastAPI behind one `Guard`, which answers the hot routes and `/ws` itself when it may."
+    "The app `create_app` makes: FastAPI behind one `Guard`, answering hot routes and `/ws` itself."
     guard: Guard | None = None  # set by `create_app`; `None` (a bare `App`): FastAPI's own way in
-    _traced, _traced_until = True, 0.0  # FastAPI's telemetry on, as last read, and until when that reading holds
+    # FastAPI's telemetry on, as last read, and until when that reading holds
+    _traced, _traced_until = True, 0.0
 
 # %% ../nbs/02_server.ipynb #11e2b8e2
 @patch_to(App)
 def traced(self) -> bool:
-    "Whether FastAPI's telemetry records requests: read at most once a second (asking costs about as much as a `/state`)."
+    "Whether FastAPI's telemetry records requests: read at most once a second."
     if (now := time.monotonic()) >= self._traced_until:
         self._traced, self._traced_until = self._native_telemetry.enabled(), now + 1.0
     return self._traced
@@ -208,53 +227,57 @@ def traced(self) -> bool:
 # %% ../nbs/02_server.ipynb #ff83c768
 @patch_to(App)
 def direct(self, scope: dict) -> bool:
-    "Whether a request may skip FastAPI's layers: no middleware was added, the app is not mounted, no telemetry."
-    return not self.user_middleware and not self.root_path and not scope.get("root_path") and not self.traced()
+    "Whether a request may skip FastAPI's layers: no middleware, not mounted, no telemetry."
+    return (not self.user_middleware and not self.root_path and not scope.get("root_path")
+            and not self.traced())
 
 # %% ../nbs/02_server.ipynb #150a9fa2
 @patch_to(App)
 async def __call__(self, scope, receive, send):
-    "Every request and handshake goes through the app's `Guard`; a bare `App`, with none, is FastAPI."
+    "Every request and handshake goes through the app's `Guard`; a bare `App` is FastAPI."
     if self.guard is None: return await FastAPI.__call__(self, scope, receive, send)
     await self.guard(scope, receive, send)
 
 # %% ../nbs/02_server.ipynb #5fb45838
 @patch_to(App)
 async def ws_direct(self, scope, receive, send):
-    "Serve a `/ws` handshake as FastAPI's route would, with no middleware between the session and the socket."
+    "Serve a `/ws` handshake as FastAPI's route would, with no middleware in between."
     scope["app"] = self
     await ws_endpoint(WebSocket(scope, receive, send))
 
 # %% ../nbs/02_server.ipynb #fe27908f
-def create_app(env: Callable[[], Environment], # an `Environment` class or zero-argument factory, never an instance
-               action_cls: type[Action] | None = None, # defaults to the one the environment declares
-               observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
-               env_name: str | None = None, # name in the app's title (`/metadata` comes from the environment, as in OpenEnv)
-               max_concurrent_envs: int | None = None, # environments held at once; `None`: see `capacity`
-               session_timeout: float | None = 300.0, # seconds of silence after which a session or page is reaped; `None` never
-               max_message_size: int | None = None, # longest text frame accepted, in characters; `None`: see `message_limit`
-               workers: int | None = None, # threads for environments with blocking methods
-               metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the environment's own
-               web: bool | None = None, # serve the web interface at `/web`; `None` reads `ENABLE_WEB_INTERFACE`
-               max_timeout_s: float | None = None, # longest `timeout_s` a step may ask for; `None`: the environment's own limit only
-               max_session_age: float | None = None, # seconds a WebSocket session may last; `None` no limit
-               max_connections: int | None = None, # WebSockets open at once, of every kind; `None`: `max_concurrent_envs + 64`
-               max_body: int | None = None, # largest HTTP request body, in bytes; `None`: `max_message_size`
-               token: str | None = None, # the bearer token callers must send; `None` reads `OPENENV_TOKEN`; `""` none
-               allow_origins: list[str] | str | None = None, # browser origins let in besides the server's own; `None` reads `OPENENV_ALLOW_ORIGINS`
-               state_cls: type[State] | None = None, # the `State` class `/state` and `/schema` serve; `None`: the base `State`, as OpenEnv
-               reset_observation_cls: type[Observation] | None = None, # what `reset` returns, for `/schema`; `None`: the observation class
-               mode: str | None = None, # `simulation` or `production` (no `/reset`, `/step`, `/state`); `None` reads `OPENENV_MODE`
-               max_sessions: int | None = None, # an alias of `max_concurrent_envs`
-              ) -> FastAPI:
+def create_app(
+    env: Callable[[], Environment], # an `Environment` class or zero-argument factory
+    action_cls: type[Action] | None = None, # defaults to the one the environment declares
+    observation_cls: type[Observation] | None = None, # defaults to the one the environment declares
+    env_name: str | None = None, # name in the app's title (`/metadata` is the environment's)
+    max_concurrent_envs: int | None = None, # environments held at once; `None`: see `capacity`
+    session_timeout: float | None = 300.0, # idle seconds before a session is reaped; `None` never
+    max_message_size: int | None = None, # longest text frame (characters); `None`: `message_limit`
+    workers: int | None = None, # threads for environments with blocking methods
+    metadata: EnvironmentMetadata | None = None, # what `/metadata` reports, if not the env's own
+    web: bool | None = None, # serve `/web`; `None` reads `ENABLE_WEB_INTERFACE`
+    max_timeout_s: float | None = None, # longest `timeout_s` a step may ask; `None`: the env's
+    max_session_age: float | None = None, # seconds a WebSocket session may last; `None` no limit
+    max_connections: int | None = None, # open WebSockets; `None`: `max_concurrent_envs + 64`
+    max_body: int | None = None, # largest HTTP request body, in bytes; `None`: `max_message_size`
+    token: str | None = None, # the token callers send; `None` reads `OPENENV_TOKEN`; `""` none
+    allow_origins: list[str] | str | None = None, # origins let in; `None`: `OPENENV_ALLOW_ORIGINS`
+    state_cls: type[State] | None = None, # `/state`'s and `/schema`'s; `None`: the base `State`
+    reset_observation_cls: type[Observation] | None = None, # `reset`'s, for `/schema`
+    mode: str | None = None, # `simulation` or `production`; `None` reads `OPENENV_MODE`
+    max_sessions: int | None = None, # an alias of `max_concurrent_envs`
+) -> FastAPI:
     "A FastAPI app (an `App`) serving `env` over HTTP, `/ws` and `/mcp`."
     if max_sessions is not None and max_concurrent_envs not in (None, max_sessions):
-        raise ValueError(f"max_concurrent_envs={max_concurrent_envs} and its alias max_sessions={max_sessions} disagree")
+        raise ValueError(f"max_concurrent_envs={max_concurrent_envs} and its alias "
+                         f"max_sessions={max_sessions} disagree")
     asked = max_concurrent_envs if max_concurrent_envs is not None else max_sessions
     mode, max_message_size = server_mode(mode), message_limit(max_message_size)
     cls, action_cls, observation_cls, n = _classes(env, action_cls, observation_cls, asked)
     preflight(cls)
-    hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None, max_message_size,
+    hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None,
+              max_message_size,
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size), reset_observation_cls)
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
@@ -266,7 +289,8 @@ def create_app(env: Callable[[], Environment], # an `Environment` class or zero-
     app.guard = Guard(partial(FastAPI.__call__, app), hub, hot, app.ws_direct, app.direct)
     add_info_routes(app, hub)
     if mode == "simulation": add_http_routes(app, hub)
-    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"], summary="JSON-RPC 2.0: the environment's tools and sessions")
+    app.add_api_route("/mcp", mcp, methods=["POST"], tags=["MCP"],
+                      summary="JSON-RPC 2.0: the environment's tools and sessions")
     app.add_api_websocket_route("/ws", ws_endpoint)
     app.add_api_websocket_route("/mcp", mcp_socket)
     add_task_routes(app, hub, env_name)

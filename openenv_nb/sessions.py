@@ -1,4 +1,4 @@
-"""The WebSocket `/ws`: one connection, one session and its environment, or with `batch` many environments on one connection.
+"""The WebSocket `/ws`: one connection, one session and its environment (or, with `batch`, many)
 
 Docs: https://openenv-nb.github.io/openenv-nb/sessions.html.md"""
 
@@ -76,30 +76,44 @@ class BatchCloseMsg(BaseModel, extra="forbid"):
 def _aligned(envs: list[int], # environment ids
              **cols # columns that need one entry per environment (`None`: not sent)
             ) -> None:
-    "Raise `ValueError` unless each column has one entry per environment and no environment comes twice."
+    "Raise `ValueError` unless each column has an entry per environment and no environment is twice."
     for name, col in cols.items():
-        if col is not None and len(col) != len(envs): raise ValueError(f"{len(col)} {name} for {len(envs)} environments")
-    if len(set(envs)) != len(envs): raise ValueError("An environment comes twice in 'envs': send several ops on one environment in a 'batch' message")
+        if col is not None and len(col) != len(envs):
+            raise ValueError(f"{len(col)} {name} for {len(envs)} environments")
+    if len(set(envs)) != len(envs): raise ValueError("An environment comes twice in 'envs': send "
+                                                     "several ops on one environment in a 'batch' "
+                                                     "message")
 
 # %% ../nbs/02b_sessions.ipynb #592f693e
 class _StepData(BaseModel, extra="forbid"):
     "Columns of a `batch.step`: environments, an action each, and those to reset instead."
-    envs: list[int] = Field(max_length=MAX_BATCH, description="Environment ids from `batch.opened`, each at most once")
-    actions: list[Any] = Field(max_length=MAX_BATCH, description="One action per environment, in the order of `envs` (each checked for its environment)")
-    resets: list[int] = Field(default_factory=list, max_length=MAX_BATCH, description="Environments of `envs` to reset, with no arguments, instead of stepping; their actions are ignored")
+    envs: list[int] = Field(max_length=MAX_BATCH,
+                            description="Environment ids from `batch.opened`, each at most once")
+    actions: list[Any] = Field(max_length=MAX_BATCH,
+                               description="One action per environment, in the order of `envs` "
+                                           "(each checked for its environment)")
+    resets: list[int] = Field(default_factory=list, max_length=MAX_BATCH,
+                              description="Environments of `envs` to reset, with no arguments, "
+                                          "instead of stepping; their actions are ignored")
 
     @model_validator(mode="after")
     def _lined_up(self):
         _aligned(self.envs, actions=self.actions)
-        if not set(self.resets) <= set(self.envs): raise ValueError("'resets' names environments that are not in 'envs'")
+        if not set(self.resets) <= set(self.envs):
+            raise ValueError("'resets' names environments that are not in 'envs'")
         return self
 
 # %% ../nbs/02b_sessions.ipynb #f4c9f935
 class _ResetData(BaseModel, extra="forbid"):
     "Columns of a `batch.reset`: environments, a seed each, and arguments for all of them."
-    envs: list[int] = Field(max_length=MAX_BATCH, description="Environment ids from `batch.opened`, each at most once")
-    seeds: list[Any] | None = Field(default=None, max_length=MAX_BATCH, description="One seed per environment (`null`: none), each checked for its environment")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Reset arguments for every environment (`episode_id`, `options`, ...)")
+    envs: list[int] = Field(max_length=MAX_BATCH,
+                            description="Environment ids from `batch.opened`, each at most once")
+    seeds: list[Any] | None = Field(default=None, max_length=MAX_BATCH,
+                                    description="One seed per environment (`null`: none), each "
+                                                "checked for its environment")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="Reset arguments for every environment "
+                                               "(`episode_id`, `options`, ...)")
 
     @model_validator(mode="after")
     def _lined_up(self):
@@ -119,14 +133,15 @@ class BatchResetMsg(BaseModel, extra="forbid"):
     data: _ResetData
 
 # %% ../nbs/02b_sessions.ipynb #d109b3aa
-BATCH_MESSAGES = {"batch.open": BatchOpenMsg, "batch": BatchMsg, "batch.close": BatchCloseMsg, "batch.step": BatchStepMsg,
+BATCH_MESSAGES = {"batch.open": BatchOpenMsg, "batch": BatchMsg, "batch.close": BatchCloseMsg,
+                  "batch.step": BatchStepMsg,
                   "batch.reset": BatchResetMsg}
 
 # %% ../nbs/02b_sessions.ipynb #6a7a0699
 class Session:
-    "One WebSocket connection: its environment (or, with `batch`, its environments), messages handled in order."
+    "One WebSocket connection: its environment (or, with `batch`, environments), messages in order."
     def __init__(self, hub: Hub, # the server's shared state
-                 env: Environment | None, # the session's environment; `None` for a `batch` connection
+                 env: Environment | None, # the session's environment; `None` for `batch`
                  ext: set[str] = frozenset(), # the extensions the client listed
                  sid: str | None = None): # the HTTP MCP session this socket is attached to, if any
         self.hub, self.env, self.batch, self.sid = hub, env, "batch" in ext, sid
@@ -141,22 +156,26 @@ async def answer(self, m: BaseModel) -> dict | None:
     if (kind := m.type) == "close": return None
     if kind in BATCH_MESSAGES: return await self.act_batch(m)
     if self.env is None:
-        return error_frame(ErrorCode.VALIDATION_ERROR, "This connection asked for 'batch' and has no default environment: "
-                           "open environments with 'batch.open' and address them in 'batch' ops", errors=[])
+        return error_frame(ErrorCode.VALIDATION_ERROR,
+                           "This connection asked for 'batch' and has no default environment: "
+                           "open environments with 'batch.open' and address them in 'batch' ops",
+                           errors=[])
     if kind == "mcp": return await act(self.hub, self.env, kind, m.data, methods=self.rpc_methods())
-    if kind == "step": return await act(self.hub, self.env, kind, m.data, **m.kwargs.model_dump(exclude_unset=True))
+    if kind == "step": return await act(self.hub, self.env, kind, m.data,
+                                        **m.kwargs.model_dump(exclude_unset=True))
     return await act(self.hub, self.env, kind, getattr(m, "data", {}))
 
 # %% ../nbs/02b_sessions.ipynb #2fc8d506
 @patch_to(Session)
 def rpc_methods(self) -> dict:
-    "The session methods of an `mcp` message on this socket: `create` names the socket's own session, which `close` may not close."
+    "The session methods of an `mcp` message on this socket: `create` names the socket's own session."
     async def create(call) -> dict:
         self.sid = self.sid or str(uuid.uuid4())
         return {"session_id": self.sid}
     async def close(call) -> dict:
         if self.sid is not None and call.params.get("session_id") == self.sid:
-            raise RpcError(INVALID_REQUEST, "Cannot close active WebSocket-managed session via MCP method")
+            raise RpcError(INVALID_REQUEST,
+                           "Cannot close active WebSocket-managed session via MCP method")
         return await session_close(self.hub, call)
     return {"openenv/session/create": create, "openenv/session/close": close}
 
@@ -173,8 +192,10 @@ async def open_envs(self, count: int) -> dict:
     "Reserve `count` slots and build that many environments: all of them, or none."
     hub = self.hub
     if hub.active + count > hub.max_sessions:
-        return error_frame(ErrorCode.CAPACITY_REACHED, f"Cannot open {count} environments: {hub.active} of "
-                           f"{hub.max_sessions} in use", active_sessions=hub.active, max_sessions=hub.max_sessions)
+        return error_frame(ErrorCode.CAPACITY_REACHED,
+                           f"Cannot open {count} environments: {hub.active} of "
+                           f"{hub.max_sessions} in use", active_sessions=hub.active,
+                           max_sessions=hub.max_sessions)
     hub.active += count
     made = await asyncio.gather(*[hub.make_env() for _ in range(count)], return_exceptions=True)
     failed = next((e for e in made if isinstance(e, BaseException)), None)
@@ -207,7 +228,8 @@ def _unknown_env(i: int # the id asked for
                 ) -> dict:
     "The error frame of a call on an environment id the connection does not hold."
     return error_frame(ErrorCode.VALIDATION_ERROR, f"No environment {i} on this connection",
-                       errors=[{"type": "unknown_env", "loc": ["env"], "msg": "Unknown environment id"}])
+                       errors=[{"type": "unknown_env", "loc": ["env"],
+                                "msg": "Unknown environment id"}])
 
 # %% ../nbs/02b_sessions.ipynb #db312c53
 @patch_to(Session)
@@ -222,7 +244,8 @@ async def run_op(self, op: Op) -> dict:
 async def act_batch(self, m: BaseModel) -> dict:
     "The reply to a batch message."
     if isinstance(m, BatchOpenMsg): return await self.open_envs(m.data.count)
-    if isinstance(m, BatchCloseMsg): return {"type": "batch.closed", "data": {"envs": await self.close_envs(m.data.envs)}}
+    if isinstance(m, BatchCloseMsg): return {"type": "batch.closed",
+                                             "data": {"envs": await self.close_envs(m.data.envs)}}
     if isinstance(m, (BatchStepMsg, BatchResetMsg)): return await self.act_columns(m)
     ops, results, groups = m.data.ops, [None] * len(m.data.ops), {}
     for i, op in enumerate(ops): groups.setdefault(op.env, []).append(i)
@@ -236,15 +259,18 @@ def check_all(hub: Hub, # the server's shared state
               kind: str, # `"reset"` or `"step"`
               datas: list # each environment's data, as sent
              ) -> tuple[list, list]:
-    "What `KINDS[kind].check` makes of each data, and the error frames of those it refuses (`None` where fine)."
+    "What `KINDS[kind].check` makes of each data, and the error frames of those it refuses (or `None`)."
     k = KINDS[kind]
-    if kind == "step" and not hub.tools:  # tool actions pick their class per action: checked one by one
+    # tool actions pick their class per action: checked one by one
+    if kind == "step" and not hub.tools:
         try: return list_adapter(hub.action_cls).validate_python(datas), [None] * len(datas)
         except ValidationError: pass  # some are bad: find which, below
     args, errors = [], []
     for d in datas:
         try: args.append(k.check(hub, d)); errors.append(None)
-        except ValidationError as e: args.append(None); errors.append(invalid(k.invalid.format(action=hub.action_cls.__name__), e))
+        except ValidationError as e:
+            args.append(None)
+            errors.append(invalid(k.invalid.format(action=hub.action_cls.__name__), e))
     return args, errors
 
 # %% ../nbs/02b_sessions.ipynb #abc3c0f3
@@ -260,29 +286,33 @@ async def run_checked(hub: Hub, # the server's shared state
         return raised(e)
 
 # %% ../nbs/02b_sessions.ipynb #7e4c814d
-def as_columns(frames: list[dict | None] # one reply or error frame per environment; `None`: an entry left empty (for a batch hook to fill)
+def as_columns(frames: list[dict | None] # a reply or error frame per environment; `None`: left empty
               ) -> dict:
-    "The `batch.results` frame of `frames`: observations, rewards, dones and errors, an entry per environment."
+    "The `batch.results` frame of `frames`: observations, rewards, dones and errors, one per environment."
     n = len(frames)
     obs, rewards, dones, errors = [None] * n, [None] * n, [False] * n, [None] * n
     for k, f in enumerate(frames):
         if f is None: continue
         if f["type"] == "error": errors[k] = f["data"]
         else: d = f["data"]; obs[k], rewards[k], dones[k] = d["observation"], d["reward"], d["done"]
-    return {"type": "batch.results", "data": {"observations": obs, "rewards": rewards, "dones": dones, "errors": errors}}
+    return {"type": "batch.results", "data": {"observations": obs, "rewards": rewards,
+                                              "dones": dones, "errors": errors}}
 
 # %% ../nbs/02b_sessions.ipynb #c76b9a7f
 @patch_to(Session)
 def _plan(self, m: BaseModel) -> tuple[list, list, list]:
-    "The kind, checked args and error frame (`None` where fine) of each environment's call in a `batch.step` or `batch.reset`."
+    "The kind, checked args and error frame (or `None`) of each call in a `batch.step` or `batch.reset`."
     d, hub, n = m.data, self.hub, len(m.data.envs)
     if isinstance(m, BatchResetMsg):
-        return ["reset"] * n, *check_all(hub, "reset", [d.kwargs if s is None else {**d.kwargs, "seed": s} for s in (d.seeds or [None] * n)])
+        return ["reset"] * n, *check_all(hub, "reset",
+                                         [d.kwargs if s is None else {**d.kwargs, "seed": s}
+                                          for s in (d.seeds or [None] * n)])
     if not d.resets: return ["step"] * n, *check_all(hub, "step", d.actions)
     resets = set(d.resets)
     again = [i in resets for i in d.envs]
     args, errors = map(iter, check_all(hub, "step", [a for a, r in zip(d.actions, again) if not r]))
-    return ["reset" if r else "step" for r in again], [{} if r else next(args) for r in again], [None if r else next(errors) for r in again]
+    return (["reset" if r else "step" for r in again], [{} if r else next(args) for r in again],
+            [None if r else next(errors) for r in again])
 
 # %% ../nbs/02b_sessions.ipynb #ace2fa33
 async def run_together(hub: Hub, # the server's shared state
@@ -290,13 +320,16 @@ async def run_together(hub: Hub, # the server's shared state
                        kind: str, # `"step"` or `"reset"` (with no arguments)
                        actions: list | None = None # the checked actions, for `"step"`
                       ) -> Steps | None:
-    "The `Steps` of `envs` from their class's `kind` batch hook; `None` unless all are of one class with one and none has a rubric."
+    "The `Steps` of `envs` from their class's `kind` batch hook; `None` unless the hook applies (below)."
     cls = type(envs[0])
-    if (hook := batch_hook(cls, kind)) is None or any(type(e) is not cls or e.rubric is not None for e in envs): return None
+    if (hook := batch_hook(cls, kind)) is None or any(type(e) is not cls or e.rubric is not None
+                                                      for e in envs): return None
     fn, on_loop = hook
     call = partial(fn, envs) if actions is None else partial(fn, envs, actions)
-    try: return await call() if on_loop else await asyncio.get_running_loop().run_in_executor(hub.pool, call)
-    except (Exception, SystemExit) as e: return Steps([None] * len(envs), [None] * len(envs), [False] * len(envs), [e] * len(envs))
+    try: return (await call() if on_loop
+                 else await asyncio.get_running_loop().run_in_executor(hub.pool, call))
+    except (Exception, SystemExit) as e: return Steps([None] * len(envs), [None] * len(envs),
+                                                      [False] * len(envs), [e] * len(envs))
 
 # %% ../nbs/02b_sessions.ipynb #98a22c1e
 def _put(cols: dict, # the `data` of a `batch.results` frame
@@ -304,7 +337,7 @@ def _put(cols: dict, # the `data` of a `batch.results` frame
          steps: Steps, # what the hook gave for them
          envs: list # the environment at each position (for the log)
         ) -> None:
-    "Write `steps` into `cols` at positions `at`: an exception becomes that entry's `EXECUTION_ERROR`, logged as `run_checked` logs one."
+    "Write `steps` into `cols` at positions `at`: an exception becomes that entry's `EXECUTION_ERROR`."
     for n, o, r, d, e in zip(at, *steps):
         if e is None: cols["observations"][n], cols["rewards"][n], cols["dones"][n] = o, r, d
         else:
@@ -317,23 +350,28 @@ async def _together(self, kind: str, # `"step"` or `"reset"`
                     at: list[int], # positions of the environments to call
                     envs: list, args: list # every position's environment and checked arguments
                    ) -> tuple[list[int], Steps] | None:
-    "`(at, Steps)` of the environments at `at` through their class's `kind` hook; `None` where there is none (or nothing to call)."
+    "`(at, Steps)` of the environments at `at` through their class's `kind` hook; `None` without one."
     if not at: return None
-    steps = await run_together(self.hub, [envs[n] for n in at], kind, [args[n] for n in at] if kind == "step" else None)
+    steps = await run_together(self.hub, [envs[n] for n in at], kind, [args[n] for n in at]
+                               if kind == "step" else None)
     return None if steps is None else (at, steps)
 
 # %% ../nbs/02b_sessions.ipynb #98a181d6
 @patch_to(Session)
 async def act_columns(self, m: BaseModel) -> dict:
-    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call through the action path (or its class's batch hook), in one frame."
+    "The `batch.results` of a `batch.step` or `batch.reset`: each environment's call, in one frame."
     kinds, args, errors = self._plan(m)
     envs = [self.envs.get(i) for i in m.data.envs]
     frames = [_unknown_env(i) if env is None else e for i, env, e in zip(m.data.envs, envs, errors)]
     live = [n for n, f in enumerate(frames) if f is None]
-    hooked = [h for kind in ("step", "reset") if (h := await self._together(kind, [n for n in live if kinds[n] == kind and not (kind == "reset" and args[n])], envs, args))]
+    hooked = [h for kind in ("step", "reset")
+              if (h := await self._together(kind,
+                                            [n for n in live if kinds[n] == kind
+                                             and not (kind == "reset" and args[n])], envs, args))]
     done = {n for at, _ in hooked for n in at}
     each = [n for n in live if n not in done]
-    for n, f in zip(each, await gather_eager([run_checked(self.hub, envs[n], kinds[n], args[n]) for n in each])): frames[n] = f
+    for n, f in zip(each, await gather_eager([run_checked(self.hub, envs[n], kinds[n], args[n])
+                                              for n in each])): frames[n] = f
     out = as_columns(frames)
     for at, steps in hooked: _put(out["data"], at, steps, envs)
     return out
@@ -341,19 +379,21 @@ async def act_columns(self, m: BaseModel) -> dict:
 # %% ../nbs/02b_sessions.ipynb #9d2f1640
 def _reaped(hub: Hub) -> dict:
     "The frame that tells a silent client its session is over."
-    return error_frame(ErrorCode.SESSION_ERROR, f"Session closed after {hub.session_timeout:g} s without a message "
+    return error_frame(ErrorCode.SESSION_ERROR,
+                       f"Session closed after {hub.session_timeout:g} s without a message "
                        "(idle sessions are reaped to free their slot)")
 
 # %% ../nbs/02b_sessions.ipynb #2e2ca218
 def _aged(hub: Hub) -> dict:
     "The frame that tells a client its session has lasted as long as sessions may."
-    return error_frame(ErrorCode.SESSION_ERROR, f"Session closed after {hub.max_session_age:g} s, the longest a session may "
+    return error_frame(ErrorCode.SESSION_ERROR,
+                       f"Session closed after {hub.max_session_age:g} s, the longest a session may "
                        "last on this server (max_session_age); open a new one")
 
 # %% ../nbs/02b_sessions.ipynb #76e47bd7
 def _timeout(hub: Hub, end: float | None # when the session must end (`time.monotonic`), if ever
             ) -> float | None:
-    "Seconds the next frame may take: the idle limit, or less when the session's end comes first (0: it has come)."
+    "Seconds the next frame may take: the idle limit, or less when the session's end comes first."
     if end is None: return hub.session_timeout
     left = max(0.0, end - time.monotonic())
     return left if hub.session_timeout is None else min(left, hub.session_timeout)
@@ -362,9 +402,9 @@ def _timeout(hub: Hub, end: float | None # when the session must end (`time.mono
 async def serve_session(hub: Hub, # the server's shared state
                         ws: WebSocket, # an accepted socket
                         ext: set[str], # the extensions the client listed
-                        attached: Environment | None = None, # an HTTP MCP session's environment: used, not made nor closed
+                        attached: Environment | None = None, # an HTTP MCP session's: not made nor closed
                         sid: str | None = None): # that session's id
-    "Serve one session on an accepted socket until it ends; the caller holds its slot (none for `batch`)."
+    "Serve one session on an accepted socket until it ends; the caller holds its slot (if not `batch`)."
     env = attached
     if env is None and "batch" not in ext:
         try: env = await hub.make_env()
@@ -378,7 +418,8 @@ async def serve_session(hub: Hub, # the server's shared state
             if msg["type"] == "websocket.disconnect": return
             if (out := await session.handle(msg.get("text"))) is None: return
             await send_frame(ws, out)
-        await send_frame(ws, _reaped(hub) if wait == hub.session_timeout else _aged(hub))  # the limit that ran out
+        # the limit that ran out
+        await send_frame(ws, _reaped(hub) if wait == hub.session_timeout else _aged(hub))
     finally:
         idle.close()
         if env is not None and attached is None: await hub.close_env(env)
@@ -387,7 +428,7 @@ async def serve_session(hub: Hub, # the server's shared state
 
 # %% ../nbs/02b_sessions.ipynb #20b97d6a
 async def _refuse(ws: WebSocket, hub: Hub):
-    "Tell a client that the server is full, and close normally (1000), as OpenEnv 0.10 does: its clients read the frame."
+    "Tell a client that the server is full, and close normally (1000) as OpenEnv 0.10 does."
     await send_frame(ws, at_capacity(hub))
     await ws.close()
 
@@ -397,7 +438,7 @@ async def attach(hub: Hub, # the server's shared state
                  ws: WebSocket, # an accepted socket
                  ext: set[str], # the extensions the client listed
                  sid: str): # an HTTP MCP session's id (`openenv/session/create`)
-    "Serve `/ws?session_id=SID` on that session's environment: one socket at a time; the session outlives the socket."
+    "Serve `/ws?session_id=SID` on that session's environment, one socket at a time; the session stays."
     env = hub.sessions.get(sid)
     problem = f"Unknown session_id: {sid}" if env is None else \
               f"Session {sid} already has an attached WebSocket" if sid in hub.attached else None
@@ -419,14 +460,19 @@ async def ws_endpoint(ws: WebSocket):
     hub: Hub = ws.app.state.hub
     await ws.accept(subprotocol=chosen_protocol(ws), headers=[(EXT_HEADER.encode(), _OFFERED)])
     ext = listed(ws.headers.get(EXT_HEADER, ""))
-    if (sid := ws.query_params.get("session_id")) is not None: return await attach(hub, ws, ext, sid)
-    slot = 0 if "batch" in ext else 1  # a batch connection holds slots only for the environments it opens
+    if (sid := ws.query_params.get("session_id")) is not None:
+        return await attach(hub, ws, ext, sid)
+    # a batch connection holds slots only for the environments it opens
+    slot = 0 if "batch" in ext else 1
     if slot and hub.active >= hub.max_sessions: return await _refuse(ws, hub)
     hub.active += slot
     try: await serve_session(hub, ws, ext)
     except Exception as e:
-        if ws.client_state is WebSocketState.CONNECTED and ws.application_state is WebSocketState.CONNECTED:
-            with contextlib.suppress(Exception): await send_frame(ws, error_frame(ErrorCode.SESSION_ERROR, f"{type(e).__name__}: {e}"))
+        if (ws.client_state is WebSocketState.CONNECTED
+                and ws.application_state is WebSocketState.CONNECTED):
+            with contextlib.suppress(Exception):
+                await send_frame(ws, error_frame(ErrorCode.SESSION_ERROR,
+                                                 f"{type(e).__name__}: {e}"))
     finally:
         hub.active -= slot
         if ws.application_state is WebSocketState.CONNECTED:

@@ -1,4 +1,4 @@
-"""What `openenv serve` serves: a built-in's name, a family's `prefix:name`, `module:attribute`, a project folder or a name that `openenv list` shows, loaded into an environment or the app that serves it.
+"""What `openenv serve` serves: the names of the things it can load, and the app that serves them
 
 Docs: https://openenv-nb.github.io/openenv-nb/targets.html.md"""
 
@@ -18,15 +18,17 @@ from typing import Any, Callable
 from fastcore.meta import delegates
 
 from .environment import Environment, overrides
-from .manifest import MANIFEST, REF_RE, Manifest, ManifestError, import_ref, load_manifest, manifest_path
+from .manifest import (MANIFEST, REF_RE, Manifest, ManifestError, import_ref, load_manifest,
+                                 manifest_path)
 from .server import create_app
 
 # %% ../nbs/11a_targets.ipynb #ccdf398b
-BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment", "coding": "openenv_nb.envs.coding:CodingEnvironment"}
+BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment",
+            "coding": "openenv_nb.envs.coding:CodingEnvironment"}
 
 # %% ../nbs/11a_targets.ipynb #58a0bab5
 class TargetError(LookupError, ValueError):
-    "A target that names nothing that can be served; the message names the target and what was tried."
+    "A target that names nothing that can be served; the message says what was tried."
 
 # %% ../nbs/11a_targets.ipynb #358315ed
 def load_ref(ref: str, # `"module:attribute"`, the attribute possibly dotted
@@ -46,8 +48,10 @@ def load_project(path: str | Path, # a project folder, or its `openenv.yaml`
     except ManifestError as e: raise TargetError(f"project {path}: {e}") from e
 
 # %% ../nbs/11a_targets.ipynb #33cdde58
-FAMILIES = {"gym": "openenv_nb.envs.gym:make_gym_target", "openspiel": "openenv_nb.envs.openspiel:make_openspiel_target",
-            "textarena": "openenv_nb.envs.textarena:make_textarena_target", "chess": "openenv_nb.envs.chess:make_chess_target"}
+FAMILIES = {"gym": "openenv_nb.envs.gym:make_gym_target",
+            "openspiel": "openenv_nb.envs.openspiel:make_openspiel_target",
+            "textarena": "openenv_nb.envs.textarena:make_textarena_target",
+            "chess": "openenv_nb.envs.chess:make_chess_target"}
 
 # %% ../nbs/11a_targets.ipynb #8e35a043
 def family(target: str | Path # any target
@@ -59,12 +63,14 @@ def family(target: str | Path # any target
 # %% ../nbs/11a_targets.ipynb #83d9d476
 def family_loader(prefix: str # a key of `FAMILIES`
                  ) -> Callable[[str], Any]:
-    "The loader of family `prefix`, its module imported now; a `TargetError` naming the extra when its package is missing."
+    "The loader of family `prefix`, its module imported now; a `TargetError` naming a missing extra."
     mod, fn = FAMILIES[prefix].split(":")
     try: module = importlib.import_module(mod)
     except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] == "openenv_nb": raise TargetError(f"{prefix}: this openenv-nb has no {mod}") from e
-        raise TargetError(f'{prefix} environments need {e.name}, which is not installed: pip install "openenv-nb[{prefix}]"') from e
+        if (e.name or "").partition(".")[0] == "openenv_nb":
+            raise TargetError(f"{prefix}: this openenv-nb has no {mod}") from e
+        raise TargetError(f'{prefix} environments need {e.name}, which is not installed: pip '
+                          f'install "openenv-nb[{prefix}]"') from e
     try: return getattr(module, fn)
     except AttributeError: raise TargetError(f"{prefix}: {mod} has no loader {fn!r}") from None
 
@@ -74,32 +80,34 @@ def load_family(prefix: str, # a key of `FAMILIES`
                ) -> Any:
     "What family `prefix` serves for `spec`; a `TargetError` that says why when it serves nothing."
     load = family_loader(prefix)
-    if not spec and next(iter(inspect.signature(load).parameters.values())).default is inspect.Parameter.empty:
+    if (not spec and next(iter(inspect.signature(load).parameters.values())).default
+            is inspect.Parameter.empty):
         raise TargetError(f"{prefix} needs a name after a colon, e.g. {prefix}:NAME")
     try: return load(spec)
     except Exception as e: raise TargetError(f"{prefix}:{spec}: {type(e).__name__}: {e}") from e
 
 # %% ../nbs/11a_targets.ipynb #bd2dca2d
-NAMES = {"wordle": "textarena:Wordle-v0", "cartpole": "gym:CartPole-v1"}  # short names of family members
+# short names of family members
+NAMES = {"wordle": "textarena:Wordle-v0", "cartpole": "gym:CartPole-v1"}
 
 # %% ../nbs/11a_targets.ipynb #5368df08
 GROUP = "openenv_nb.envs"  # the entry-point group where packages declare environments
 
 def installed() -> list[metadata.EntryPoint]:
-    "The entry points that installed packages declare in group `openenv_nb.envs`: a name, and `module:attribute` of what it serves."
+    "The entry points installed packages declare in group `openenv_nb.envs`: name, `module:attribute`."
     return list(metadata.entry_points(group=GROUP))
 
 # %% ../nbs/11a_targets.ipynb #0fa2cfd5
 def named(name: str # a short name, or what an installed package declares
          ) -> str | None:
-    "The target that `name` stands for: a short name's (`NAMES`), or an installed package's entry point's; `None` for neither."
+    "The target `name` stands for: a short name's (`NAMES`), or an installed entry point's; else `None`."
     if name in NAMES: return NAMES[name]
     return next((e.value for e in installed() if e.name == name), None)
 
 # %% ../nbs/11a_targets.ipynb #37be909b
 def load_target(target: str # a built-in's name, a family's target, or `module:attribute`
                ) -> Any:
-    "What `target` serves, imported now: never a project folder, and nothing imported from the current folder."
+    "What `target` serves, imported now: never a project folder, nothing from the current folder."
     fam = family(target)
     return load_family(*fam) if fam else load_ref(BUILTINS.get(target, target))
 
@@ -108,20 +116,24 @@ def _ambiguous(target: str) -> str:
     "Why `target` names an environment and a project at once, and how to name each."
     kind = "built-in" if target in BUILTINS or target in FAMILIES else "listed"
     full = BUILTINS.get(target) or (target + ":" if target in FAMILIES else named(target))
-    return (f"{target!r} names both the {kind} environment and the project here ({manifest_path(target)}): "
+    return (f"{target!r} names both the {kind} environment and the project here "
+            f"({manifest_path(target)}): "
             f"say ./{target} for the project, or {full} for the environment")
 
 # %% ../nbs/11a_targets.ipynb #642179bc
 def _unknown(target: str) -> str:
     "Why `target` names nothing: what it was tried as."
     if Path(target).is_dir():
-        return f"{target} has no {MANIFEST}, so it is not an environment project (start one with `openenv init NAME`)"
-    return (f"unknown target {target!r}: it is not a project (there is no {manifest_path(target)}), not a built-in "
-            f"({', '.join(BUILTINS)}), not in a family ({', '.join(p + ':NAME' for p in FAMILIES)}), not module:attribute, "
+        return (f"{target} has no {MANIFEST}, so it is not an environment project "
+                "(start one with `openenv init NAME`)")
+    return (f"unknown target {target!r}: it is not a project (there is no "
+            f"{manifest_path(target)}), not a built-in "
+            f"({', '.join(BUILTINS)}), not in a family "
+            f"({', '.join(p + ':NAME' for p in FAMILIES)}), not module:attribute, "
             "and not a name that `openenv list` shows")
 
 # %% ../nbs/11a_targets.ipynb #e24258ff
-def resolve(target: str | Path # a project folder (or its `openenv.yaml`), a built-in's name, a family's `prefix:name`, `"module:attribute"`, or a name `openenv list` shows
+def resolve(target: str | Path # a project folder, a built-in, `prefix:name`, `module:attribute`, ...
            ) -> tuple[Any, Manifest | None]:
     "The object `target` names, and the project's manifest when it is a project."
     t, project, fam = str(target), manifest_path(target).is_file(), family(target)
@@ -134,20 +146,23 @@ def resolve(target: str | Path # a project folder (or its `openenv.yaml`), a bui
     raise TargetError(_unknown(t))
 
 # %% ../nbs/11a_targets.ipynb #ad2bd1b1
-@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name", "max_concurrent_envs",
+@delegates(create_app, but=["env", "action_cls", "observation_cls", "env_name",
+                            "max_concurrent_envs",
                             "session_timeout", "metadata", "web"])
 def app_for(obj: Any, # an `Environment` class, a factory, or an app
             manifest: Manifest | None = None, # the project's manifest, if `obj` came from one
-            max_concurrent_envs: int | None = None, # environments held at once; `None`: see `server.capacity`
+            max_concurrent_envs: int | None = None, # environments held at once; `None`: `server.capacity`
             session_timeout: float | None = 300.0, # idle seconds before a session is reaped
-            web: bool | None = None, # serve the web interface (`None`: as `ENABLE_WEB_INTERFACE` says)
+            web: bool | None = None, # serve the web interface; `None`: `ENABLE_WEB_INTERFACE`
             **kwargs # more of `create_app`'s options: `token`, `allow_origins`, `max_body`, ...
            ):
     "The ASGI app that serves `obj`."
     is_env = isinstance(obj, type) and issubclass(obj, Environment)
     if not is_env and hasattr(obj, "router"): return obj
-    meta = manifest.metadata() if manifest is not None and is_env and not overrides(obj, "get_metadata") else None
-    return create_app(obj, max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout, web=web, metadata=meta,
+    meta = (manifest.metadata() if manifest is not None and is_env and not overrides(obj, "get_metadata")
+            else None)
+    return create_app(obj, max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout,
+                      web=web, metadata=meta,
                       env_name=manifest.name if manifest is not None else None, **kwargs)
 
 # %% ../nbs/11a_targets.ipynb #3212ebb6
