@@ -115,12 +115,9 @@ def record(self, kind: str, # `"reset"` or `"step"`
     self.history.append(entry)
     return entry
 
-# %% ../nbs/05_web.ipynb #e6c6441e
-SEND_TIMEOUT = 5.0
-
 # %% ../nbs/05_web.ipynb #afdcc642
 def _describe(hub: Hub) -> tuple[str, str]:
-    "The environment's name and one line about it, without making an instance (what a page shows until it knows better)."
+    "The environment's name and a line about it, without an instance (shown until the page knows more)."
     if hub.metadata is not None: return hub.metadata.name, hub.metadata.description
     f = hub.factory
     doc = ((f.__doc__ if isinstance(f, type) else None) or "").strip().splitlines()
@@ -162,6 +159,9 @@ def snapshot(self, notice: str | None = None # one line for the page to show (it
         "history": list(reversed(self.history)), "episode": self.episode,
         "max_history": self.max_history, "pages": len(self.pages), "room": self.id,
         "began": self.began, "notice": notice}}
+
+# %% ../nbs/05_web.ipynb #e6c6441e
+SEND_TIMEOUT = 5.0
 
 # %% ../nbs/05_web.ipynb #70c74f02
 @patch_to(WebEpisode)
