@@ -60,16 +60,18 @@ def is_loopback(url: str # any URL
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 # %% ../nbs/03_client.ipynb #ea13a475
-TOKEN_HEADER = "X-OpenEnv-Token"  # where the server's token goes when `Authorization` carries another (a private Space's)
+# where the server's token goes when `Authorization` carries another (a private Space's)
+TOKEN_HEADER = "X-OpenEnv-Token"
 
 def auth_headers(headers: dict | None = None, # more headers for every request and handshake
                  token: str | None = None # the server's own token; `None` reads `OPENENV_TOKEN`; `""` none
                 ) -> dict:
-    "The headers a client sends: `headers`, and the server's token as `Authorization: Bearer TOKEN`, or as `X-OpenEnv-Token` when `headers` hold an `Authorization`."
+    "The headers a client sends: `headers`, and the server's token (in `Authorization` or beside)."
     token = os.environ.get("OPENENV_TOKEN", "") if token is None else token
     if not token: return dict(headers or {})
     taken = any(k.lower() == "authorization" for k in headers or {})
-    return {**(headers or {}), **({TOKEN_HEADER: token} if taken else {"Authorization": f"Bearer {token}"})}
+    return {**(headers or {}), **({TOKEN_HEADER: token} if taken
+                                  else {"Authorization": f"Bearer {token}"})}
 
 # %% ../nbs/03_client.ipynb #a429a75a
 def refused(response # the HTTP answer to a refused WebSocket handshake
@@ -80,7 +82,8 @@ def refused(response # the HTTP answer to a refused WebSocket handshake
     return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {why}" if why else "")
 
 # %% ../nbs/03_client.ipynb #13d65567
-_ws_log = logging.getLogger("websockets.client.openenv")  # under `websockets.client`: its handlers and level
+# under `websockets.client`: its handlers and level
+_ws_log = logging.getLogger("websockets.client.openenv")
 _ws_log.addFilter(Redact())
 
 # %% ../nbs/03_client.ipynb #a48aaef9
@@ -89,7 +92,7 @@ ActT, ObsT, StateT = TypeVar("ActT"), TypeVar("ObsT"), TypeVar("StateT")
 def model_args(cls: type, # a class that subclasses `base[...]`
                base: type # the generic base
               ) -> tuple:
-    "The pydantic classes given to `base[...]` by `cls` (`None` for `dict` or missing ones), padded to three."
+    "The pydantic classes `cls` gives `base[...]` (`None` for `dict` or missing), padded to three."
     args = type_args(cls, base) + (None, None, None)
     return tuple(a if isinstance(a, type) and issubclass(a, BaseModel) else None for a in args[:3])
 
@@ -99,7 +102,8 @@ def adopt_types(obj # an instance of a generic client, maybe created as `Cls[A, 
     "Take the classes from `Cls[A, O, S](...)`: Python records them on the instance only after `__init__`."
     alias = getattr(obj, "__orig_class__", None)
     if alias is not None and obj.observation_type is None:
-        args = [a if isinstance(a, type) and issubclass(a, BaseModel) else None for a in typing.get_args(alias)] + [None] * 3
+        args = [a if isinstance(a, type) and issubclass(a, BaseModel) else None
+                for a in typing.get_args(alias)] + [None] * 3
         obj.action_type, obj.observation_type, obj.state_type = args[:3]
 
 # %% ../nbs/03_client.ipynb #8bfd672c
@@ -111,7 +115,8 @@ def _sync_loop() -> asyncio.AbstractEventLoop:
     with _loop_lock:
         if _loop is None:
             _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="openenv-sync-loop", daemon=True).start()
+            threading.Thread(target=_loop.run_forever, name="openenv-sync-loop",
+                             daemon=True).start()
     return _loop
 
 # %% ../nbs/03_client.ipynb #558e50b5
@@ -143,16 +148,17 @@ def blocking(r # a call's result, or its coroutine
 
 # %% ../nbs/03_client.ipynb #668d9540
 WANTED = ("request-id", "step-kwargs")  # extensions this client uses when the server offers them
-SESSION_ENDING = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}  # the server closes the socket after these
+# the server closes the socket after these
+SESSION_ENDING = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}
 
 # %% ../nbs/03_client.ipynb #281c00dc
 class EnvClient(Generic[ActT, ObsT, StateT]):
-    "Client for one session of an environment server, over WebSocket: awaitable in async code, blocking in a script."
+    "One session of an environment server over WebSocket: awaitable in async code, else blocking."
     default_target: str | None = None  # what `from_local()` serves when not told (e.g. `"echo"`)
     wanted: tuple[str, ...] = WANTED  # extensions to ask for
 
     def __init__(self, base_url: str | None = None, # the server, `http://host:port` or `ws://host:port`
-                 connect_timeout_s: float = 10.0, # limit on opening the connection, trying again while the server starts
+                 connect_timeout_s: float = 10.0, # to connect, retrying while the server starts
                  message_timeout_s: float = 60.0, # limit on waiting for each reply
                  max_message_size_mb: float = 100.0, # largest reply accepted
                  provider=None, # a provider that starts the server on `connect` and stops it on `close`
@@ -164,8 +170,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self.base_url, self._provider, self.headers = base_url, provider, auth_headers(headers, token)
         self._connect_timeout, self._message_timeout = connect_timeout_s, message_timeout_s
         self._max_size = int(max_message_size_mb * 1024 * 1024)
-        self._options = dict(connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
-                             max_message_size_mb=max_message_size_mb, headers=self.headers, token="")  # for `new_session`
+        self._options = dict(connect_timeout_s=connect_timeout_s,
+                             message_timeout_s=message_timeout_s,
+                             # for `new_session`
+                             max_message_size_mb=max_message_size_mb, headers=self.headers,
+                             token="")
         self._ws: ClientConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that owns `_ws`
         self._lock, self._seq, self.extensions, self._lost, self._children = asyncio.Lock(), 0, frozenset(), None, []
@@ -179,24 +188,27 @@ def url(self: EnvClient) -> str | None:
 
 # %% ../nbs/03_client.ipynb #a5998452
 @patch
-def __repr__(self: EnvClient): return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
+def __repr__(self: EnvClient):
+    return f"{type(self).__name__}({self.base_url!r}, connected={self._ws is not None})"
 
 # %% ../nbs/03_client.ipynb #2380adc5
 def starting(e: Exception # what a connection attempt raised
             ) -> bool:
-    "Whether `e` says the server is not up yet (refused, cut off, or a gateway error), so that trying again may work."
+    "Whether `e` says the server is not up yet (refused, cut off, a gateway error): worth retrying."
     if isinstance(e, InvalidStatus):
-        return e.response.status_code in (502, 503, 504) and b"CAPACITY" not in (e.response.body or b"")
+        return e.response.status_code in (502, 503,
+                                          504) and b"CAPACITY" not in (e.response.body or b"")
     return isinstance(e, (OSError, InvalidMessage)) and not isinstance(e, (TimeoutError, socket.gaierror))
 
 # %% ../nbs/03_client.ipynb #5190c12f
 @patch
 async def _open(self: EnvClient, url: str) -> ClientConnection:
-    "The WebSocket to `url`, trying again with backoff while the server is starting, until `connect_timeout_s`."
+    "The WebSocket to `url`, retried with backoff while the server starts (`connect_timeout_s`)."
     loop, delay = asyncio.get_running_loop(), 0.05
     end = loop.time() + self._connect_timeout
     while True:
-        try: return await ws_connect(url, open_timeout=max(end - loop.time(), 0.01), max_size=self._max_size, compression=None,
+        try: return await ws_connect(url, open_timeout=max(end - loop.time(), 0.01),
+                                     max_size=self._max_size, compression=None,
                                      additional_headers={EXT_HEADER: ", ".join(self.wanted),
                                                          **self.headers},
                                      proxy=None if is_loopback(url) else True, logger=_ws_log)
@@ -208,7 +220,7 @@ async def _open(self: EnvClient, url: str) -> ClientConnection:
 # %% ../nbs/03_client.ipynb #0dbbfbdb
 @patch
 def _elsewhere(self: EnvClient) -> asyncio.AbstractEventLoop | None:
-    "The running loop of another thread that owns the connection, if it is not this one's; forgets one whose loop stopped."
+    "The running loop of another thread that owns the connection, if any; forgets one that stopped."
     if self._ws is None or self._loop is asyncio.get_running_loop(): return None
     if self._loop.is_running(): return self._loop
     self._ws, self._lost = None, "the event loop that opened the connection has stopped"
@@ -227,7 +239,8 @@ async def connect(self: EnvClient) -> "EnvClient":
     try: self._ws = await self._open(url)
     except asyncio.TimeoutError:
         await self._stop_provider()
-        raise EnvConnectionError(f"Could not connect to {url}: no handshake within {self._connect_timeout:g} s") from None
+        raise EnvConnectionError(f"Could not connect to {url}: no handshake within "
+                                 f"{self._connect_timeout:g} s") from None
     except (OSError, InvalidHandshake, InvalidURI) as e:
         await self._stop_provider()
         why = refused(e.response) if isinstance(e, InvalidStatus) else e
@@ -254,7 +267,8 @@ async def disconnect(self: EnvClient):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.disconnect(), home))
     ws, self._ws = self._ws, None
     if ws is None: return
-    if self._lock.locked():  # a call awaits its reply: no orderly close is possible, so cut the connection (the call raises)
+    # a call awaits its reply: no orderly close is possible, so cut the connection (the call raises)
+    if self._lock.locked():
         if ws.transport is not None: ws.transport.abort()
         return
     try: await ws.send('{"type":"close"}')
@@ -273,7 +287,7 @@ def _abandon(self: EnvClient):
 @patch
 @autosync
 async def close(self: EnvClient):
-    "Close the session and those `new_session` opened, and stop the provider's server, if the client started one."
+    "Close the session and those `new_session` opened; stop the server the client started, if any."
     children, self._children = self._children, []
     try:
         await asyncio.gather(*[c.close() for c in children], return_exceptions=True)
@@ -304,7 +318,8 @@ def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
     "The error for a connection that dropped while `kind` was in flight; the session is lost."
     here, self._ws = self._ws is None, None  # `disconnect` let go of it first: this client cut it
     code = e.rcvd.code if e.rcvd else 1006
-    why = (e.rcvd.reason if e.rcvd else "") or ("this client closed it" if here else "no close frame: the server went away")
+    why = (e.rcvd.reason if e.rcvd else "") or ("this client closed it" if here
+                                                else "no close frame: the server went away")
     self._lost = f"connection closed during '{kind}' (code {code}: {why})"
     return EpisodeLost(f"Connection to {self.url} closed during '{kind}' (code {code}: {why}); "
                        "the episode is lost, reset() starts a new one")
@@ -314,7 +329,8 @@ def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
 async def _receive(self: EnvClient, rid: int | None) -> dict:
     "The next reply, or the one for request `rid`."
     while True:
-        reply = loads(await self._ws.recv(decode=False))  # the text's UTF-8 bytes, read by `loads` (orjson) without decoding
+        # the text's UTF-8 bytes, read by `loads` (orjson) without decoding
+        reply = loads(await self._ws.recv(decode=False))
         if rid is None or reply.get("id") == rid: return reply
         if "id" not in reply and reply.get("type") == "error": return reply
 
@@ -334,20 +350,23 @@ async def _exchange(self: EnvClient, msg: dict) -> dict:
         if rid is None:
             self._abandon()
             self._lost = f"no reply to '{kind}' within {self._message_timeout:g} s"
-        raise EnvTimeoutError(f"No reply to '{kind}' from {self.url} within {self._message_timeout:g} s" +
-                              ("" if rid else "; the connection was closed, as this server cannot match late replies")) from None
+        raise EnvTimeoutError(f"No reply to '{kind}' from {self.url} within "
+                              f"{self._message_timeout:g} s" +
+                              ("" if rid else "; the connection was closed, as this server cannot "
+                                              "match late replies")) from None
 
 # %% ../nbs/03_client.ipynb #9797a115
 @patch
 async def _request(self: EnvClient, msg: dict) -> dict:
-    "Send `msg` and return the reply's `data`; raise the server's error as `EnvServerError`, a lost episode as `EpisodeLost`."
+    "Send `msg`, return the reply's `data`; raise `EnvServerError` or (episode lost) `EpisodeLost`."
     if (home := self._elsewhere()) is not None:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._request(msg), home))
     kind = msg["type"]
     async with self._lock:
         if fresh := self._ws is None:
             if self._lost and kind != "reset":
-                raise EpisodeLost(f"The session with {self.url} was lost ({self._lost}); reset() starts a new one")
+                raise EpisodeLost(f"The session with {self.url} was lost ({self._lost}); reset() "
+                                  "starts a new one")
             await self.connect()
         try: reply = await self._exchange(msg)
         except EpisodeLost:
@@ -364,7 +383,7 @@ async def _request(self: EnvClient, msg: dict) -> dict:
 # %% ../nbs/03_client.ipynb #76c4c5a8
 def reply_metadata(payload: dict # a reset or step reply
                   ) -> dict:
-    "The observation's metadata in a reply, wherever the server put it: in `observation`, at the top level, or both."
+    "The observation's metadata in a reply: in `observation`, at the top level, or both."
     obs = payload.get("observation")
     return {**((obs.get("metadata") or {}) if isinstance(obs, dict) else {}),
             **(payload.get("metadata") or {})}
@@ -416,11 +435,13 @@ async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
 @patch
 @autosync
 async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[ObsT]:
-    "Apply `action` (an instance of its action class, or a dict of its fields); `kwargs` (`timeout_s=`) go along."
+    "Apply `action` (of its action class, or a dict); `kwargs` (`timeout_s=`) go along."
     msg = {"type": "step", "data": self._step_payload(action)}
     if kwargs and "step-kwargs" not in self.extensions:
-        raise TypeError(f"This server takes no step arguments over WebSocket ({', '.join(kwargs)}): it does not "
-                        "offer the 'step-kwargs' extension (an OpenEnv server ignores them); use HTTPEnvClient, "
+        raise TypeError("This server takes no step arguments over WebSocket "
+                        f"({', '.join(kwargs)}): it does not "
+                        "offer the 'step-kwargs' extension (an OpenEnv server ignores them); use "
+                        "HTTPEnvClient, "
                         "or leave them out")
     if kwargs: msg["kwargs"] = kwargs
     return self._parse_result(await self._request(msg))
@@ -451,13 +472,14 @@ async def new_session(self: EnvClient) -> EnvClient:
 # %% ../nbs/03_client.ipynb #be2719c5
 @patch(cls_method=True)
 @delegates(EnvClient, but="base_url,provider")
-def from_local(cls: EnvClient, target: str | None = None, # `"echo"`, `"module:factory"` or `"module:app"`; defaults to the class's
+def from_local(cls: EnvClient, target: str | None = None, # `"echo"`, `"module:factory"`, ...
                max_sessions: int = 64, # sessions the server will hold
                **kwargs):
-    "A client whose server runs locally, in a subprocess started on `connect`; a `token` given is the server's too."
+    "A client whose server runs in a subprocess started on `connect`; `token` is the server's too."
     target = target or cls.default_target
     if target is None:
-        raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo' or 'my_pkg.env:MyEnv'")
+        raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo' or "
+                         "'my_pkg.env:MyEnv'")
     env_vars = None if kwargs.get("token") is None else {"OPENENV_TOKEN": kwargs["token"]}
     return cls(provider=LocalProcessProvider(target, max_sessions=max_sessions, env_vars=env_vars),
                **kwargs)
@@ -468,7 +490,7 @@ def from_local(cls: EnvClient, target: str | None = None, # `"echo"`, `"module:f
 @delegates(DockerProvider, keep=True)
 def from_docker_image(cls: EnvClient, image: str, # an image built with `openenv build`, e.g. `"openenv-echo"`
                       **kwargs):
-    "A client whose server runs in a Docker container of `image`, started on `connect` (or `await`) and removed on `close`."
+    "A client whose server runs in a container of `image`: started on `connect`, gone on `close`."
     names = set(inspect.signature(DockerProvider).parameters) - {"image", "run_kwargs"}
     provider = DockerProvider(image, **{k: kwargs.pop(k) for k in list(kwargs) if k in names})
     if kwargs.get("token") is not None:
@@ -485,7 +507,7 @@ def __await__(self: EnvClient):
 @patch(cls_method=True)
 @delegates(EnvClient, but="base_url,provider")
 @contextlib.asynccontextmanager
-async def lease(cls: EnvClient, pool, # a started `ServerPool`, or anything with `urls`, `take`, `give` and `restart`
+async def lease(cls: EnvClient, pool, # a started `ServerPool` (`urls`, `take`, `give`, `restart`)
                 **kwargs):
     "A connected client of a server of `pool` held by nobody else, until the block ends."
     i = await pool.take()
@@ -505,7 +527,7 @@ def _forward(twin: type, # the twin class
              name: str, # the method of `async_cls` to forward
              attr: str # the twin's attribute holding the async object
             ):
-    "A blocking `name` for `twin`: it gives back the twin where the call gives back its own object, a twin of another."
+    "Blocking `name` for `twin`: returns the twin for its own object, a new twin for another."
     meth = getattr(async_cls, name)
     def f(self, *args, **kwargs):
         obj = getattr(self, attr)
@@ -523,7 +545,7 @@ def sync_twin(async_cls: type, # the class whose twin is made
               *names: str, # its methods the twin forwards, blocking
               attr: str = "async_client" # the twin's attribute that holds the async object
              ):
-    "Class decorator: the class becomes the blocking twin of `async_cls`, forwarding `names` and the rest as they are."
+    "Class decorator: the class becomes the blocking twin of `async_cls`, forwarding `names`."
     def make(cls):
         def __init__(self, obj): setattr(self, attr, obj)
         def __getattr__(self, name):
@@ -559,7 +581,7 @@ class HTTPEnvClient(Generic[ActT, ObsT, StateT]):
                  state_type: type[State] | None = None,
                  headers: dict | None = None, # more headers for every request
                  token: str | None = None, # the server's bearer token; `None` reads `OPENENV_TOKEN`; `""` none
-                 env_name: str | None = None): # the environment in the Task API's paths; `None` asks `/list_environments`
+                 env_name: str | None = None): # the env in the Task API's paths; `None` asks
         self.env_name = env_name
         self.base_url, self.timeout_s, self.session = http_url(base_url), timeout_s, requests.Session()
         self.session.headers.update({EXT_HEADER: "metadata", **auth_headers(headers, token)})

@@ -1,4 +1,4 @@
-"""The checks behind `openenv validate`: the report, what a server app declares, and a running server's runtime and semantic checks (`validate_url`).
+"""The checks behind `openenv validate`: the report, an app's declarations, a server's checks.
 
 Docs: https://openenv-nb.github.io/openenv-nb/conformance.html.md"""
 
@@ -49,7 +49,8 @@ def criterion(id: str, # a stable name, e.g. `"health_endpoint"`
              ) -> dict:
     "One checked criterion, as OpenEnv reports it."
     c = {"id": id, "description": description, "passed": bool(passed), "required": required}
-    return c | {k: v for k, v in (("details", details), ("expected", expected), ("actual", actual)) if v is not None}
+    return c | {k: v for k, v in (("details", details), ("expected", expected), ("actual", actual))
+                if v is not None}
 
 # %% ../nbs/14a_conformance.ipynb #f67dd7ef
 def summary(criteria: list[dict]) -> dict:
@@ -57,7 +58,8 @@ def summary(criteria: list[dict]) -> dict:
     req = [c for c in criteria if c["required"]]
     return {"passed_count": sum(c["passed"] for c in criteria), "total_count": len(criteria),
             "failed_criteria": [c["id"] for c in criteria if not c["passed"]],
-            "required_passed_count": sum(c["passed"] for c in req), "required_total_count": len(req),
+            "required_passed_count": sum(c["passed"] for c in req),
+            "required_total_count": len(req),
             "skipped_criteria": [c["id"] for c in criteria if c.get("skipped")]}
 
 # %% ../nbs/14a_conformance.ipynb #81e071be
@@ -75,7 +77,7 @@ def _j(x) -> str:
 def _lines(c: dict, # a criterion
            width: int, # the width of the id column
           ) -> list[str]:
-    "One criterion as lines of text: its mark, id and description, then its reason, and what went wrong when it failed."
+    "One criterion as lines of text: mark, id, description, reason, and what went wrong."
     mark = "SKIP" if c.get("skipped") else "PASS" if c["passed"] else "FAIL" if c["required"] else "WARN"
     out, pad = [f"  {mark}  {c['id']:<{width}}  {c['description']}"], " " * (width + 10)
     if "details" in c: out.append(f"{pad}{_short(c['details'], 400)}")
@@ -86,20 +88,27 @@ def _lines(c: dict, # a criterion
 
 # %% ../nbs/14a_conformance.ipynb #a27d1c84
 def _verdict(report: dict) -> str:
-    "The last line of a report: passed or failed, with the failed, the warned and the skipped criteria named."
+    "The last line of a report: passed or failed, naming the failed, warned and skipped criteria."
     s, cs = report["summary"], report["criteria"]
     failed = [c["id"] for c in cs if c["required"] and not c["passed"]]
     warned = [c["id"] for c in cs if not c["required"] and not c["passed"]]
-    v = (f"PASSED: {s['required_passed_count']} of {s['required_total_count']} required checks" if report["passed"]
-         else f"FAILED: {len(failed)} of {s['required_total_count']} required checks failed ({', '.join(failed)})")
-    return v + (f"; warnings: {', '.join(warned)}" if warned else "") + (f"; skipped: {', '.join(s['skipped_criteria'])}" if s.get("skipped_criteria") else "")
+    v = (f"PASSED: {s['required_passed_count']} of {s['required_total_count']} required checks"
+         if report["passed"]
+         else f"FAILED: {len(failed)} of {s['required_total_count']} required checks failed "
+              f"({', '.join(failed)})")
+    return v + (f"; warnings: {', '.join(warned)}" if warned
+                else "") + (f"; skipped: {', '.join(s['skipped_criteria'])}"
+                            if s.get("skipped_criteria") else "")
 
 # %% ../nbs/14a_conformance.ipynb #d2c8039c
 def format_report(report: dict) -> str:
     "A report as text for a terminal."
-    head = f"openenv validate {report['target']}" + (f" --level {report['level']}" if report.get("level") else "")
+    head = f"openenv validate {report['target']}" + (f" --level {report['level']}"
+                                                     if report.get("level") else "")
     if report.get("environment"):
-        head += f"  (project {report['environment']})" if report.get("standard_profile") == "openenv-nb-project" else f"  (environment {report['environment']})"
+        head += (f"  (project {report['environment']})"
+                 if report.get("standard_profile") == "openenv-nb-project"
+                 else f"  (environment {report['environment']})")
     elif report.get("standard_profile"):
         head += f"  ({report['standard_profile']}, {report.get('mode', 'unknown')} mode)"
     width = max([len(c["id"]) for c in report["criteria"]] + [10])
@@ -107,7 +116,8 @@ def format_report(report: dict) -> str:
                       _verdict(report)])
 
 # %% ../nbs/14a_conformance.ipynb #41b53d27
-LEVELS = ("static", "runtime", "semantic")  # each level's checks include those of the levels before it
+# each level's checks include those of the levels before it
+LEVELS = ("static", "runtime", "semantic")
 
 # %% ../nbs/14a_conformance.ipynb #e260a0f6
 def report_of(criteria: list[dict], **fields) -> dict:
@@ -140,14 +150,15 @@ def _resolves(doc: dict, ref: str) -> bool:
 # %% ../nbs/14a_conformance.ipynb #f48c3b46
 def schema_problems(s: Any # a JSON schema
                    ) -> list[str]:
-    "Why `s` is not a valid JSON Schema: `$ref`s that point nowhere, and what its meta-schema rejects (when `jsonschema` is installed)."
+    "Why `s` is not a valid JSON Schema: `$ref`s to nowhere, and what its meta-schema rejects."
     if not isinstance(s, (dict, bool)): return [f"not a schema: {_j(s)}"]
     out = [f"$ref {r!r} points nowhere" for r in _refs(s) if not _resolves(s, r)]
     if jsonschema is None or isinstance(s, bool): return out
     meta = jsonschema.validators.validator_for(s, default=jsonschema.Draft202012Validator)
     errors = sorted(meta(meta.META_SCHEMA).iter_errors(s),
                     key=lambda e: list(map(str, e.absolute_path)))
-    return out + [f"{'/'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors]
+    return out + [f"{'/'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}"
+                  for e in errors]
 
 # %% ../nbs/14a_conformance.ipynb #777a3544
 def _ask_app(app, # an ASGI app
@@ -172,13 +183,15 @@ def _schemas_criterion(schema: Any, # what `/schema` answered
                        why: str | None, # why it answered nothing, if it did not
                        tools: list[dict], # the tools the app lists
                       ) -> dict:
-    "`json_schemas`: the action, observation and state schemas, and every tool's input schema, are valid JSON Schema."
+    "`json_schemas`: the action, observation, state and tool input schemas are valid JSON Schema."
     d = "/schema and each tool's inputSchema are valid JSON Schema"
     if not isinstance(schema, dict):
         return criterion("json_schemas", d, False,
                          details=why or f"/schema is not an object: {_j(schema)}")
-    found = [f"{k}: {p}" for k in ("action", "observation", "state") for p in schema_problems(schema.get(k))]
-    found += [f"tool {t.get('name')!r}: {p}" for t in tools for p in schema_problems(t.get("inputSchema", {}))]
+    found = [f"{k}: {p}" for k in ("action", "observation", "state")
+             for p in schema_problems(schema.get(k))]
+    found += [f"tool {t.get('name')!r}: {p}" for t in tools
+              for p in schema_problems(t.get("inputSchema", {}))]
     note = None if jsonschema else "only $refs checked: install jsonschema to check against the meta-schema"
     return criterion("json_schemas", d, not found, details="; ".join(found) or note)
 
@@ -194,10 +207,12 @@ def _tools_criterion(reply: Any, # what `tools/list` answered
                          details=f"no tools listed ({why or _short(reply)})")
     bad = sorted({t.get("name") for t in tools if isinstance(t, dict)} & RESERVED_TOOL_NAMES)
     return criterion("reserved_tool_names", d, not bad,
-                     details=f"reserved: {', '.join(bad)}" if bad else f"none reserved among the {len(tools)} listed" if tools else "no tools")
+                     details=f"reserved: {', '.join(bad)}" if bad
+                     else f"none reserved among the {len(tools)} listed" if tools else "no tools")
 
 # %% ../nbs/14a_conformance.ipynb #dc5529bf
-TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}  # MCP's request for the tools
+# MCP's request for the tools
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
 
 # %% ../nbs/14a_conformance.ipynb #d3182ee8
 def is_tool_env(env: Any, # an environment class or factory, or `None`
@@ -205,12 +220,13 @@ def is_tool_env(env: Any, # an environment class or factory, or `None`
                ) -> bool:
     "Whether `env` is a tool environment: an `MCPEnvironment`, or one whose actions are tool calls."
     if isinstance(env, type) and issubclass(env, MCPEnvironment): return True
-    return isinstance(action_cls, type) and issubclass(action_cls, (CallToolAction, ListToolsAction))
+    return isinstance(action_cls, type) and issubclass(action_cls,
+                                                       (CallToolAction, ListToolsAction))
 
 # %% ../nbs/14a_conformance.ipynb #565a9444
 def env_tools(factory: Callable # makes the environment: its class, or a zero-argument factory
              ) -> tuple[Any, str | None]:
-    "What `tools/list` answers for an environment that `factory` makes, asked through `mcp.rpc` in this process: `(reply, why not)`."
+    "`tools/list`'s answer from a `factory`'s environment, via `mcp.rpc` here: `(reply, why not)`."
     try: env = factory()
     except Exception as e:
         return None, f"the environment could not be made: {type(e).__name__}: {e}"
@@ -221,7 +237,7 @@ def env_tools(factory: Callable # makes the environment: its class, or a zero-ar
 # %% ../nbs/14a_conformance.ipynb #da02928f
 def _tool_problems(t: Any # one tool, as `tools/list` lists it
                   ) -> list[str]:
-    "What is wrong with one listed tool: a name, and an `inputSchema` that is an object schema, as MCP requires."
+    "What is wrong with one listed tool: MCP requires a name, and an `inputSchema` of type object."
     if not isinstance(t, dict): return [f"a tool is not an object: {_j(t)}"]
     name, s = t.get("name"), t.get("inputSchema")
     out = [] if isinstance(name, str) and name else [f"a tool has no name: {_short(t)}"]
@@ -232,7 +248,7 @@ def _tool_problems(t: Any # one tool, as `tools/list` lists it
 # %% ../nbs/14a_conformance.ipynb #635fda8b
 def tools_list_problems(reply: Any # what `tools/list` answered: a JSON-RPC response
                        ) -> list[str]:
-    "Why `reply` is not a usable list of tools (empty when it is): an error, no list, no tools, or a tool badly listed."
+    "Why `reply` is not a usable tool list (empty if it is): error, no list, no tools, a bad tool."
     if not isinstance(reply, dict): return [f"not a JSON-RPC response: {_j(reply)}"]
     if isinstance(err := reply.get("error"), dict):
         return [f"tools/list answered error {err.get('code')}: {_short(err.get('message'))}"]
@@ -240,22 +256,26 @@ def tools_list_problems(reply: Any # what `tools/list` answered: a JSON-RPC resp
         return [f"no list of tools in the result: {_j(reply.get('result'))}"]
     if not tools: return ["no tools listed: an agent has nothing to call"]
     names = [t.get("name") for t in tools if isinstance(t, dict)]
-    return [p for t in tools for p in _tool_problems(t)] + [f"tool {n!r} is listed {names.count(n)} times" for n in dict.fromkeys(names) if names.count(n) > 1]
+    return [p for t in tools for p in _tool_problems(t)] + [f"tool {n!r} is listed "
+                                                            f"{names.count(n)} times"
+                                                            for n in dict.fromkeys(names)
+                                                            if names.count(n) > 1]
 
 # %% ../nbs/14a_conformance.ipynb #957a68f0
 def _tools_list_criterion(reply: Any, # what `tools/list` answered
                           why: str | None, # why it answered nothing, if it did not
                          ) -> dict:
-    "`tools_list`: a tool environment answers `tools/list`, asked of the environment in this process, with its tools."
+    "`tools_list`: a tool environment in this process answers `tools/list` with its tools."
     problems = [why] if why else tools_list_problems(reply)
     names = ", ".join(str(t.get("name")) for t in listed_tools(reply) or [])
-    return criterion("tools_list", "tools/list answers with the tools, each named once, with an object inputSchema", not problems,
+    return criterion("tools_list", "tools/list answers with the tools, each named once, with an "
+                                   "object inputSchema", not problems,
                      details="; ".join(problems) if problems else f"listed: {names}")
 
 # %% ../nbs/14a_conformance.ipynb #6c10627c
 def app_criteria(app # the ASGI app that serves the environment
                 ) -> list[dict]:
-    "The static checks of `app`, asked in this process: `json_schemas`, `reserved_tool_names`, and `tools_list` for a tool environment."
+    "`app`'s static checks, in this process: `json_schemas`, `reserved_tool_names`, `tools_list`."
     schema, why = _ask_app(app, "GET", "/schema")
     hub = getattr(getattr(app, "state", None), "hub", None)
     tools = hub is not None and is_tool_env(hub.factory, hub.action_cls)
@@ -265,9 +285,11 @@ def app_criteria(app # the ASGI app that serves the environment
     return out + ([_tools_list_criterion(reply, why_t)] if tools or listed_tools(reply) else [])
 
 # %% ../nbs/14a_conformance.ipynb #039e99c8
-def _fetch(s: requests.Session, method: str, url: str, timeout: float, **kw) -> tuple[int | None, Any, str | None]:
-    "`(status, JSON body or None, error)` of one request; a server at capacity is asked again for a few seconds."
-    for wait in [0.05] * 100 + [None]:  # a session that just ended frees its slot a moment after its socket closes
+def _fetch(s: requests.Session, method: str, url: str, timeout: float,
+           **kw) -> tuple[int | None, Any, str | None]:
+    "`(status, JSON body or None, error)` of a request; a server at capacity is retried a while."
+    # a session that just ended frees its slot a moment after its socket closes
+    for wait in [0.05] * 100 + [None]:
         try: r = s.request(method, url, timeout=timeout, **kw)
         except requests.RequestException as e:
             return None, None, f"Request failed: {type(e).__name__}: {e}"
@@ -277,7 +299,8 @@ def _fetch(s: requests.Session, method: str, url: str, timeout: float, **kw) -> 
     except ValueError: return r.status_code, None, None
 
 # %% ../nbs/14a_conformance.ipynb #984e562a
-def _check(id: str, description: str, status, body, error, ok: bool, expected: dict, actual: dict) -> dict:
+def _check(id: str, description: str, status, body, error, ok: bool, expected: dict,
+           actual: dict) -> dict:
     "A criterion from one fetched answer."
     if error: return criterion(id, description, False, details=error, expected=expected)
     if body is None and not ok: actual = {**actual, "body": "not JSON"}
@@ -288,10 +311,12 @@ def _check(id: str, description: str, status, body, error, ok: bool, expected: d
 def _openapi(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
     "`openapi_version_available`: `/openapi.json` has `info.version`; notes the version and the paths."
     st, b, err = _fetch(s, "GET", f"{base}/openapi.json", timeout)
-    version = b.get("info", {}).get("version") if isinstance(b, dict) and isinstance(b.get("info"), dict) else None
+    version = (b.get("info", {}).get("version")
+               if isinstance(b, dict) and isinstance(b.get("info"), dict) else None)
     ok = st == 200 and isinstance(version, str)
     if ok: seen.update(version=version, paths=b.get("paths") or {})
-    return _check("openapi_version_available", "GET /openapi.json returns OpenAPI info.version", st, b, err, ok,
+    return _check("openapi_version_available", "GET /openapi.json returns OpenAPI info.version", st,
+                  b, err, ok,
                   {"status_code": 200, "info.version": "string"}, {"info.version": version})
 
 # %% ../nbs/14a_conformance.ipynb #f2dca075
@@ -299,7 +324,8 @@ def _health(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
     "`health_endpoint`: `/health` says `healthy`."
     st, b, err = _fetch(s, "GET", f"{base}/health", timeout)
     status = b.get("status") if isinstance(b, dict) else None
-    return _check("health_endpoint", "GET /health returns healthy status", st, b, err, st == 200 and status == "healthy",
+    return _check("health_endpoint", "GET /health returns healthy status", st, b, err, st == 200
+                  and status == "healthy",
                   {"status_code": 200, "status": "healthy"}, {"status": status})
 
 # %% ../nbs/14a_conformance.ipynb #b5e8785d
@@ -309,16 +335,20 @@ def _metadata(s: requests.Session, base: str, timeout: float, seen: dict) -> dic
     name, desc = (b.get("name"), b.get("description")) if isinstance(b, dict) else (None, None)
     return _check("metadata_endpoint", "GET /metadata returns name and description", st, b, err,
                   st == 200 and isinstance(name, str) and isinstance(desc, str),
-                  {"status_code": 200, "fields": ["name", "description"]}, {"name": name, "description": desc})
+                  {"status_code": 200, "fields": ["name", "description"]},
+                  {"name": name, "description": desc})
 
 # %% ../nbs/14a_conformance.ipynb #3094f58c
 def _schema(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
     "`schema_endpoint`: `/schema` has the action, observation and state schemas; notes them."
     st, b, err = _fetch(s, "GET", f"{base}/schema", timeout)
-    has = {f"has_{k}": isinstance(b, dict) and isinstance(b.get(k), dict) for k in ("action", "observation", "state")}
+    has = {f"has_{k}": isinstance(b, dict) and isinstance(b.get(k), dict)
+           for k in ("action", "observation", "state")}
     if all(has.values()): seen["schema"] = b
-    return _check("schema_endpoint", "GET /schema returns action, observation, and state schemas", st, b, err,
-                  st == 200 and all(has.values()), {"status_code": 200, "fields": ["action", "observation", "state"]}, has)
+    return _check("schema_endpoint", "GET /schema returns action, observation, and state schemas",
+                  st, b, err,
+                  st == 200 and all(has.values()),
+                  {"status_code": 200, "fields": ["action", "observation", "state"]}, has)
 
 # %% ../nbs/14a_conformance.ipynb #f3f62259
 def _mcp(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
@@ -326,14 +356,16 @@ def _mcp(s: requests.Session, base: str, timeout: float, seen: dict) -> dict:
     st, b, err = _fetch(s, "POST", f"{base}/mcp", timeout, json={})
     rpc = b.get("jsonrpc") if isinstance(b, dict) else None
     return _check("mcp_endpoint", "POST /mcp is reachable and returns JSON-RPC payload", st, b, err,
-                  st == 200 and rpc == "2.0", {"status_code": 200, "jsonrpc": "2.0"}, {"jsonrpc": rpc})
+                  st == 200 and rpc == "2.0", {"status_code": 200, "jsonrpc": "2.0"},
+                  {"jsonrpc": rpc})
 
 # %% ../nbs/14a_conformance.ipynb #cd978d90
 def _mode_criterion(seen: dict) -> dict:
-    "`mode_endpoint_consistency`: `/reset`, `/step` and `/state` all present (simulation) or all absent (production)."
+    "`mode_endpoint_consistency`: `/reset`, `/step`, `/state` all (simulation) or none (production)."
     d = "OpenAPI endpoint set matches OpenEnv mode contract"
     if not seen["paths"]:
-        return criterion("mode_endpoint_consistency", d, False, details="Cannot determine mode without OpenAPI paths",
+        return criterion("mode_endpoint_consistency", d, False,
+                         details="Cannot determine mode without OpenAPI paths",
                          expected={"openapi.paths": "present"}, actual={"openapi.paths": "missing"})
     has = {p: p in seen["paths"] for p in ("/reset", "/step", "/state")}
     seen["mode"] = "simulation" if has["/reset"] else "production"
@@ -346,7 +378,7 @@ def http_criteria(s: requests.Session, # the session to ask with
                   base: str, # the server's base URL
                   timeout: float, # seconds for each request
                  ) -> tuple[list[dict], dict]:
-    "OpenEnv's six runtime criteria for the server at `base`, and what was learnt on the way (version, paths, mode, schema)."
+    "OpenEnv's six runtime criteria for the server at `base`, and what was learnt on the way."
     seen = {"version": "unknown", "paths": {}, "mode": "unknown"}
     out = [check(s, base, timeout, seen) for check in (_openapi, _health, _metadata, _schema, _mcp)]
     return out + [_mode_criterion(seen)], seen
@@ -355,14 +387,17 @@ def http_criteria(s: requests.Session, # the session to ask with
 def _deref(s: dict, defs: dict) -> dict:
     "`s` with its `$ref` to `defs` followed."
     while isinstance(s, dict) and "$ref" in s:
-        s = {**defs.get(s["$ref"].split("/")[-1], {}), **{k: v for k, v in s.items() if k != "$ref"}}
+        s = {**defs.get(s["$ref"].split("/")[-1], {}),
+             **{k: v for k, v in s.items() if k != "$ref"}}
     return s
 
 # %% ../nbs/14a_conformance.ipynb #e3ebe7cf
 def _number(s: dict, integer: bool):
     "1, or the nearest number to it within the bounds of `s`."
-    lo = s.get("minimum", s["exclusiveMinimum"] + (1 if integer else 0.5) if "exclusiveMinimum" in s else None)
-    hi = s.get("maximum", s["exclusiveMaximum"] - (1 if integer else 0.5) if "exclusiveMaximum" in s else None)
+    lo = s.get("minimum", s["exclusiveMinimum"] + (1 if integer else 0.5) if "exclusiveMinimum" in s
+               else None)
+    hi = s.get("maximum", s["exclusiveMaximum"] - (1 if integer else 0.5) if "exclusiveMaximum" in s
+               else None)
     v = 1 if lo is None or lo <= 1 else lo
     if hi is not None and v > hi: v = hi
     return int(v) if integer else float(v)
@@ -373,7 +408,8 @@ def _of_type(s: dict, defs: dict) -> Any:
     t = s.get("type", "object")
     if isinstance(t, list): t = next((x for x in t if x != "null"), "null")
     if t == "string":
-        return ("hello" * (1 + s.get("minLength", 0) // 5))[: max(s.get("maxLength", 5), s.get("minLength", 0))]
+        return ("hello" * (1 + s.get("minLength",
+                                     0) // 5))[: max(s.get("maxLength", 5), s.get("minLength", 0))]
     if t in ("integer", "number"): return _number(s, t == "integer")
     if t == "boolean": return False
     if t == "null": return None
@@ -407,7 +443,8 @@ def _read(ws, timeout: float) -> tuple[dict | None, str | None]:
     except TimeoutError: return None, f"no answer within {timeout:g} s"
     except Exception as e: return None, f"{type(e).__name__}: {e}"
     return (frame, None) if isinstance(frame, dict) else (None,
-                                                          f"the answer is not a JSON object: {_short(frame)}")
+                                                          "the answer is not a JSON object: "
+                                                          f"{_short(frame)}")
 
 # %% ../nbs/14a_conformance.ipynb #27b62655
 def _ws_call(ws, msg: dict, timeout: float) -> tuple[dict | None, str | None]:
@@ -441,7 +478,7 @@ def _ws_reset(ws, timeout: float, envelopes: list) -> dict:
 
 # %% ../nbs/14a_conformance.ipynb #c1740c13
 def _ws_step(ws, schema: dict | None, timeout: float, envelopes: list) -> dict:
-    "`ws_step`: a step with an action built from `/schema` is answered with an observation (kept in `envelopes`)."
+    "`ws_step`: a step built from `/schema` is answered by an observation (kept in `envelopes`)."
     if schema is None:
         return criterion("ws_step", WS_CHECKS["ws_step"], False,
                          details="not tried: /schema gave no action schema to build an action from")
@@ -454,10 +491,11 @@ def _ws_step(ws, schema: dict | None, timeout: float, envelopes: list) -> dict:
 
 # %% ../nbs/14a_conformance.ipynb #4450e8fd
 def _ws_state(ws, timeout: float, stepped: bool) -> dict:
-    "`ws_state`: the state has an episode id and a step count, which is 1 after the one step (when it `stepped`)."
+    "`ws_state`: the state has an episode id and a step count, 1 after one step (if `stepped`)."
     frame, err = _ws_call(ws, {"type": "state"}, timeout)
     why, data = _got(frame, "state", err), (frame or {}).get("data")
-    if not why and not (isinstance(data, dict) and "episode_id" in data and isinstance(data.get("step_count"), int)):
+    if not why and not (isinstance(data, dict) and "episode_id" in data
+                        and isinstance(data.get("step_count"), int)):
         why = f"the state lacks episode_id or an integer step_count: {_short(data)}"
     elif not why and stepped and data["step_count"] != 1:
         why = f"step_count is {data['step_count']} after one step"
@@ -469,9 +507,10 @@ def ws_criteria(base: str, # the server's base URL
                 timeout: float, # seconds for opening the connection and for each answer
                 headers: dict | None = None, # sent with the handshake (a token, say)
                ) -> tuple[list[dict], list[tuple[str, Any]]]:
-    "The episode's criteria (`ws_reset`, `ws_step`, `ws_state`) and the envelopes received, by where they came from."
+    "The episode's criteria (`ws_reset`, `ws_step`, `ws_state`) and its envelopes, by source."
     envelopes = []
-    try: ws = connect(ws_url(base), open_timeout=timeout, close_timeout=1, max_size=None, compression=None, additional_headers=headers,
+    try: ws = connect(ws_url(base), open_timeout=timeout, close_timeout=1, max_size=None,
+                      compression=None, additional_headers=headers,
                       proxy=None if is_loopback(base) else True)
     except Exception as e:
         why = f"Could not open {ws_url(base)}: {type(e).__name__}: {e}"
@@ -483,7 +522,8 @@ def ws_criteria(base: str, # the server's base URL
     return out, envelopes
 
 # %% ../nbs/14a_conformance.ipynb #503291ec
-LIFTED = ("reward", "done", "metadata")  # fields of an observation that travel beside it, in the envelope
+# fields of an observation that travel beside it, in the envelope
+LIFTED = ("reward", "done", "metadata")
 BESIDE_ONLY = ("reward", "done")  # ... and never inside it (0.10 keeps `metadata` in both places)
 
 def _obs_problems(obs: dict, obs_schema: dict | None) -> list[str]:
@@ -491,8 +531,10 @@ def _obs_problems(obs: dict, obs_schema: dict | None) -> list[str]:
     out = [f"observation holds {k!r}, which belongs beside it" for k in BESIDE_ONLY if k in obs]
     props = (obs_schema or {}).get("properties")
     if not props: return out
-    out += [f"observation field {k!r} is not in /schema" for k in obs if k not in props and k not in LIFTED]
-    return out + [f"observation lacks required field {k!r}" for k in (obs_schema.get("required") or []) if k not in obs and k not in LIFTED]
+    out += [f"observation field {k!r} is not in /schema" for k in obs if k not in props
+            and k not in LIFTED]
+    return out + [f"observation lacks required field {k!r}"
+                  for k in (obs_schema.get("required") or []) if k not in obs and k not in LIFTED]
 
 # %% ../nbs/14a_conformance.ipynb #a7c29dad
 def envelope_problems(env: Any, # an envelope as received
@@ -500,7 +542,8 @@ def envelope_problems(env: Any, # an envelope as received
                      ) -> list[str]:
     "What is wrong with the shape of `env` (empty when nothing is)."
     if not isinstance(env, dict): return [f"not an object: {_j(env)}"]
-    out = [f"unexpected key {k!r}" for k in env if k not in ("observation", "reward", "done", "metadata")]
+    out = [f"unexpected key {k!r}" for k in env
+           if k not in ("observation", "reward", "done", "metadata")]
     obs, reward = env.get("observation"), env.get("reward", ...)
     if not isinstance(obs, dict): out.append(f"observation is not an object: {_j(obs)}")
     if reward is ... : out.append("no reward")
@@ -520,28 +563,35 @@ def _shape_criterion(envelopes: list[tuple[str, Any]], # the envelopes received,
     "`envelope_shape`: every envelope received has the shape of the protocol."
     obs = lambda where: None if tools and where.endswith("reset") else (schema or {}).get("observation")
     problems = [f"{where}: {p}" for where, e in envelopes for p in envelope_problems(e, obs(where))]
-    return criterion("envelope_shape", "Every reset and step answer is {observation, reward, done} with the /schema observation's fields",
-                     bool(envelopes) and not problems, details="; ".join(problems) if problems else None if envelopes else "no envelope received")
+    return criterion("envelope_shape", "Every reset and step answer is {observation, reward, done} "
+                                       "with the /schema observation's fields",
+                     bool(envelopes) and not problems, details="; ".join(problems) if problems
+                     else None if envelopes else "no envelope received")
 
 # %% ../nbs/14a_conformance.ipynb #f5cb7bdf
 def _wire_tools(s: requests.Session, base: str, timeout: float) -> tuple[Any, str | None]:
     "`(reply, None)` of `tools/list` sent to `POST /mcp` at `base`, or `(None, why not)`."
     st, b, err = _fetch(s, "POST", f"{base}/mcp", timeout, json=TOOLS_LIST)
     if err or st != 200 or not isinstance(b, dict):
-        return None, err or f"POST /mcp answered {st}" + ("" if isinstance(b, dict) else " with no JSON object")
+        return None, err or f"POST /mcp answered {st}" + ("" if isinstance(b, dict)
+                                                          else " with no JSON object")
     return b, None
 
 # %% ../nbs/14a_conformance.ipynb #dc89e85b
 def _wire_tools_criterion(reply: Any, # what `POST /mcp` answered to `tools/list`
                           why: str | None, # why it answered nothing, if it did not
                          ) -> dict:
-    "`mcp_tools_list`: `tools/list` on `POST /mcp` lists usable tools, with valid input schemas and no reserved name."
+    "`mcp_tools_list`: `tools/list` on `POST /mcp` lists valid tools, none with a reserved name."
     tools = [t for t in listed_tools(reply) or [] if isinstance(t, dict)]
     problems = [why] if why else tools_list_problems(reply)
-    problems += [f"tool {t.get('name')!r}: {p}" for t in tools for p in schema_problems(t.get("inputSchema", {}))]
-    problems += [f"tool {n!r} takes a reserved name" for n in sorted({t.get("name") for t in tools} & RESERVED_TOOL_NAMES)]
-    return criterion("mcp_tools_list", "POST /mcp tools/list lists the tools, with valid input schemas and no reserved name", not problems,
-                     details="; ".join(problems) if problems else f"listed: {', '.join(str(t.get('name')) for t in tools)}")
+    problems += [f"tool {t.get('name')!r}: {p}" for t in tools
+                 for p in schema_problems(t.get("inputSchema", {}))]
+    problems += [f"tool {n!r} takes a reserved name"
+                 for n in sorted({t.get("name") for t in tools} & RESERVED_TOOL_NAMES)]
+    return criterion("mcp_tools_list", "POST /mcp tools/list lists the tools, with valid input "
+                                       "schemas and no reserved name", not problems,
+                     details="; ".join(problems) if problems
+                     else f"listed: {', '.join(str(t.get('name')) for t in tools)}")
 
 # %% ../nbs/14a_conformance.ipynb #fd914610
 def _calls_tools(schema: dict | None # what `/schema` answered, if it did
@@ -567,7 +617,7 @@ def runtime_criteria(base: str, # the server's base URL
                      tools: bool | None = None, # whether it serves a tool environment; `None`: as its answers tell
                      headers: dict | None = None, # sent with every request and handshake (see `auth_headers`)
                     ) -> tuple[list[dict], dict]:
-    "The runtime checks of the server at `base` (OpenEnv's six, a WebSocket episode, the envelopes, its tools), and what was learnt."
+    "The runtime checks of the server at `base` (OpenEnv's six, then ours), and what was learnt."
     with requests.Session() as s:
         s.trust_env = not is_loopback(base)
         s.headers.update(headers or {})
@@ -577,20 +627,22 @@ def runtime_criteria(base: str, # the server's base URL
             st, b, err = _fetch(s, "POST", f"{base}/reset", timeout, json={})
             envelopes.append(("http reset", b if st == 200 else {"status": st, "error": err}))
         tooled = tool_criteria(s, base, timeout, seen, tools)
-    return criteria + ws + [_shape_criterion(envelopes, seen.get("schema"), bool(tooled))] + tooled, seen
+    return criteria + ws + [_shape_criterion(envelopes, seen.get("schema"),
+                                             bool(tooled))] + tooled, seen
 
 # %% ../nbs/14a_conformance.ipynb #bd8b3d9b
 def validate_url(url: str, # the server's base URL; `http://` is assumed when no scheme is given
                  timeout: float = 5.0, # seconds for each request and each WebSocket answer
                  level: str = "runtime", # `"runtime"`, or `"semantic"` to play episodes for meaning too
-                 env: Callable | None = None, # the environment class or factory served there, if known: it declares what `semantic` checks
-                 headers: dict | None = None, # sent with every request and handshake, e.g. a private Space's `Authorization`
-                 token: str | None = None, # the server's own token (`OPENENV_TOKEN`), sent as the clients send it; `None` reads `OPENENV_TOKEN`
-                 **declared, # `reward_range=`, `max_return=`: what the server's environment declares, when `env` is not given
+                 env: Callable | None = None, # the environment class or factory, if known
+                 headers: dict | None = None, # sent with every request and handshake
+                 token: str | None = None, # the server's own token; `None` reads `OPENENV_TOKEN`
+                 **declared, # `reward_range=`, `max_return=`, when `env` is not given
                 ) -> dict:
-    "The report on the server at `url`: the runtime checks (those of its tools for a tool environment), and at level `semantic` the semantic ones."
+    "The report on the server at `url`: its runtime checks, and at `semantic` the semantic ones."
     if level not in LEVELS[1:]:
-        raise ValueError(f"a server is checked at level runtime or semantic, not {level!r}: static checks read a project or an environment's code")
+        raise ValueError(f"a server is checked at level runtime or semantic, not {level!r}: static "
+                         "checks read a project or an environment's code")
     base = http_url(url if "://" in url else f"http://{url}").rstrip("/")
     heads = auth_headers(headers, token)
     criteria, seen = runtime_criteria(base, timeout, True if is_tool_env(env) else None, heads)
@@ -598,12 +650,14 @@ def validate_url(url: str, # the server's base URL; `http://` is assumed when no
         criteria += semantic_criteria(base, seen.get("schema"), declarations(env, **declared),
                                       timeout, headers=heads)
     v = seen["version"]
-    return report_of(criteria, target=base, validation_type="running_environment", level=level, standard_version=v,
-                   standard_profile="openenv-http/1.x" if v.startswith("1.") else "openenv-http/unknown", mode=seen["mode"])
+    return report_of(criteria, target=base, validation_type="running_environment", level=level,
+                     standard_version=v,
+                   standard_profile="openenv-http/1.x" if v.startswith("1.")
+                   else "openenv-http/unknown", mode=seen["mode"])
 
 # %% ../nbs/14a_conformance.ipynb #e8b2436b
 def _span(s: dict, integer: bool) -> tuple[float, float]:
-    "The closed bounds of the number schema `s`; 200 wide where it gives one bound, ±100 where it gives none."
+    "The closed bounds of number schema `s`; 200 wide where it gives one bound, ±100 where none."
     d = 1 if integer else 1e-6
     lo = s.get("minimum", s["exclusiveMinimum"] + d if "exclusiveMinimum" in s else None)
     hi = s.get("maximum", s["exclusiveMaximum"] - d if "exclusiveMaximum" in s else None)
@@ -616,10 +670,13 @@ def _draw_scalar(t: str, s: dict, rng: random.Random | None) -> Any:
     if t == "string":
         lo = s.get("minLength", 0)
         n = lo if rng is None else rng.randint(lo, max(lo, min(s.get("maxLength", lo + 8), lo + 8)))
-        return "a" * n if rng is None else "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
+        return "a" * n if rng is None else "".join(rng.choice(string.ascii_lowercase)
+                                                   for _ in range(n))
     if t in ("integer", "number"):
         lo, hi = _span(s, t == "integer")
-        v = min(max(0, lo), hi) if rng is None else rng.randint(math.ceil(lo), math.floor(hi)) if t == "integer" else rng.uniform(lo, hi)
+        v = (min(max(0, lo), hi) if rng is None
+             else rng.randint(math.ceil(lo), math.floor(hi)) if t == "integer"
+             else rng.uniform(lo, hi))
         return int(v) if t == "integer" else float(v)
     return None if t == "null" else False if rng is None else rng.random() < 0.5
 
@@ -642,22 +699,25 @@ def sample_from_schema(s: dict, # a JSON schema
 
 # %% ../nbs/14a_conformance.ipynb #bb248983
 def _draw(t: str, s: dict, rng: random.Random | None, defs: dict) -> Any:
-    "A value of type `t` for schema `s`: an array as short as allowed, an object of its required fields only, unless `rng` draws."
+    "A value of type `t` for `s`: shortest array, required fields only, unless `rng` draws."
     if t == "array":
         n = s.get("minItems", 0) + (rng.randint(0, 3) if rng else 0)
-        return [sample_from_schema(s.get("items", {}), rng, defs) for _ in range(min(n, s.get("maxItems", n)))]
+        return [sample_from_schema(s.get("items", {}), rng, defs)
+                for _ in range(min(n, s.get("maxItems", n)))]
     if t == "object":
-        return {k: sample_from_schema(s.get("properties", {}).get(k, {}), rng, defs) for k in s.get("required", [])}
+        return {k: sample_from_schema(s.get("properties", {}).get(k, {}), rng, defs)
+                for k in s.get("required", [])}
     return _draw_scalar(t, s, rng)
 
 # %% ../nbs/14a_conformance.ipynb #17c7e3fb
 def _live(ep: dict) -> bool:
     "Whether episode `ep` goes on: nothing cut it short, and its last answer did not end it."
-    return not ep["error"] and not (ep["frames"] and (ep["frames"][-1].get("data") or {}).get("done") is True)
+    return not ep["error"] and not (ep["frames"]
+                                    and (ep["frames"][-1].get("data") or {}).get("done") is True)
 
 # %% ../nbs/14a_conformance.ipynb #62368360
 def _record(ep: dict, msg: dict, frame: dict | None, err: str | None):
-    "Note in `ep` the message sent and its answer; a reset not answered with an observation, or no answer, cuts it short."
+    "Note in `ep` the message sent and its answer; no answer, or a bad reset, cuts it short."
     if err or (msg["type"] == "reset" and frame.get("type") != "observation"):
         ep["error"] = f"{msg['type']}: {_got(frame, 'observation', err)}"
         return
@@ -670,7 +730,7 @@ def play(ws, # an open connection to `/ws`
          actions: list, # the actions to step with, in order, until one ends the episode
          timeout: float = 5.0, # seconds to wait for each answer
         ) -> dict:
-    "One episode: the reset's and each step's answer frame, the actions answered, or the `error` that cut it short."
+    "One episode: the reset's and each step's answer, the actions answered, or the `error` ending it."
     ep = {"seed": seed, "actions": [], "frames": [], "error": None}
     for msg in [{"type": "reset", "data": {"seed": seed}},
                 *({"type": "step", "data": a} for a in actions)]:
@@ -681,7 +741,8 @@ def play(ws, # an open connection to `/ws`
 # %% ../nbs/14a_conformance.ipynb #ea8bc273
 def _answers(ep: dict) -> list[tuple[Any, dict]]:
     "The steps of `ep` answered with an observation: `(action, envelope)` pairs."
-    return [(a, f["data"]) for a, f in zip(ep["actions"], ep["frames"][1:]) if f.get("type") == "observation"]
+    return [(a, f["data"]) for a, f in zip(ep["actions"], ep["frames"][1:])
+            if f.get("type") == "observation"]
 
 # %% ../nbs/14a_conformance.ipynb #bf1a8fb7
 def episode_return(ep: dict) -> float:
@@ -704,7 +765,8 @@ class Player:
 @patch_to(Player)
 def connect(self):
     "A new connection to the server's `/ws`."
-    return connect(ws_url(self.base), open_timeout=self.timeout, close_timeout=1, max_size=None, compression=None, additional_headers=self.headers,
+    return connect(ws_url(self.base), open_timeout=self.timeout, close_timeout=1, max_size=None,
+                   compression=None, additional_headers=self.headers,
                    proxy=None if is_loopback(self.base) else True)
 
 # %% ../nbs/14a_conformance.ipynb #c639ec5d
@@ -731,7 +793,8 @@ def _once(self, seed: int, actions: list) -> dict:
 @patch_to(Player)
 def episode(self, seed: int, actions: list, **tags) -> dict:
     "One episode on a new connection, kept with `tags` (e.g. `policy=\"random\"`)."
-    for wait in [0.05] * 100 + [None]:  # a server at capacity frees the last episode's session soon after it ends
+    # a server at capacity frees the last episode's session soon after it ends
+    for wait in [0.05] * 100 + [None]:
         ep = self._once(seed, actions)
         if wait is None or "CAPACITY_REACHED" not in (ep["error"] or ""): break
         time.sleep(wait)
@@ -749,13 +812,14 @@ def _env_class(env: Callable | None) -> type | None:
     finally: made.close()
 
 # %% ../nbs/14a_conformance.ipynb #3f6e65c4
-def declarations(env: Callable | None = None, # an `Environment` class or factory; `None` for a server known by its URL only
+def declarations(env: Callable | None = None, # an `Environment` class or factory; `None`: URL only
                  **given, # `reward_range=`, `max_return=`: declared here rather than by the class
                 ) -> dict:
-    "What the semantic checks hold an environment to, and `twin`: a factory to ask `reference_solution` and `answer`."
+    "What the semantic checks hold `env` to, and `twin`, to ask `reference_solution` and `answer`."
     cls = _env_class(env)
     asks = cls is not None and any(overrides(cls, m) for m in ("reference_solution", "answer"))
-    return {"reward_range": tuple(getattr(cls, "reward_range", (-math.inf, math.inf))), "max_return": getattr(cls, "max_return", None),
+    return {"reward_range": tuple(getattr(cls, "reward_range", (-math.inf, math.inf))),
+            "max_return": getattr(cls, "max_return", None),
             "twin": env if asks else None, "known": cls is not None} | given
 
 # %% ../nbs/14a_conformance.ipynb #b747ea81
@@ -768,20 +832,24 @@ def twin_says(declared: dict, # from `declarations`
         env.reset(seed=seed)
         sol, ans = env.reference_solution(), env.answer()
     finally: env.close()
-    return (None if sol is None else [a.model_dump(mode="json") if isinstance(a, BaseModel) else a for a in sol]), ans
+    return (None if sol is None else [a.model_dump(mode="json") if isinstance(a, BaseModel) else a
+                                      for a in sol]), ans
 
 # %% ../nbs/14a_conformance.ipynb #2966271c
-SEMANTIC = {"episode_determinism": "The same seed and actions give the same observations and rewards",
+SEMANTIC = {"episode_determinism": "The same seed and actions give the same observations and "
+                                   "rewards",
             "reward_range": "Every reward is a finite number inside the declared reward_range",
             "floor_gap": "A do-nothing and a random player score below the declared max_return",
             "oracle_max": "The declared reference_solution scores max_return",
-            "no_solution_leakage": "No observation before the episode ends shows the declared answer",
+            "no_solution_leakage": "No observation before the episode ends shows the declared "
+                                   "answer",
             "episode_isolation": "8 sessions played at once each play as they do alone"}
 
 # %% ../nbs/14a_conformance.ipynb #f21128b2
 def skipped(id: str, description: str, why: str) -> dict:
     "A criterion not checked, and why: it passes, and fails nothing."
-    return criterion(id, description, True, required=False, details=f"not checked: {why}") | {"skipped": True}
+    return criterion(id, description, True, required=False,
+                     details=f"not checked: {why}") | {"skipped": True}
 
 # %% ../nbs/14a_conformance.ipynb #15d1bedc
 def _played(frame: Any) -> Any:
@@ -795,10 +863,13 @@ def _played(frame: Any) -> Any:
 # %% ../nbs/14a_conformance.ipynb #bd6b1c69
 def _differ(a: dict, b: dict) -> str | None:
     "Where two episodes first differ, and how; `None` when they are alike."
-    i = next((i for i, (x, y) in enumerate(itertools.zip_longest(a["frames"], b["frames"])) if _played(x) != _played(y)), None)
+    i = next((i for i, (x, y) in enumerate(itertools.zip_longest(a["frames"], b["frames"]))
+              if _played(x) != _played(y)), None)
     if i is None: return None
     where = "the reset" if i == 0 else f"step {i}"
-    return f"seed {a['seed']}, {where}: {_short(a['frames'][i] if i < len(a['frames']) else 'nothing', 200)} vs {_short(b['frames'][i] if i < len(b['frames']) else 'nothing', 200)}"
+    return (f"seed {a['seed']}, {where}: "
+            f"{_short(a['frames'][i] if i < len(a['frames']) else 'nothing', 200)} vs "
+            f"{_short(b['frames'][i] if i < len(b['frames']) else 'nothing', 200)}")
 
 # %% ../nbs/14a_conformance.ipynb #0f58d056
 def _determinism(p: Player, seed: int) -> dict:
@@ -814,19 +885,23 @@ def _determinism(p: Player, seed: int) -> dict:
 def _rewards(p: Player) -> list:
     "Every reward of every episode `p` played, the resets' included (`null` ones left out)."
     return [f["data"].get("reward") for ep in p.episodes for f in ep["frames"]
-            if f.get("type") == "observation" and isinstance(f.get("data"), dict) and f["data"].get("reward") is not None]
+            if f.get("type") == "observation" and isinstance(f.get("data"), dict)
+            and f["data"].get("reward") is not None]
 
 # %% ../nbs/14a_conformance.ipynb #8e34b866
 def _reward_range(p: Player, declared: dict) -> dict:
     "`reward_range`: every reward received is a finite number inside the declared range."
     (lo, hi), rs = declared["reward_range"], _rewards(p)
-    bad = [r for r in rs if not isinstance(r, (int, float)) or not math.isfinite(r) or not lo <= r <= hi]
+    bad = [r for r in rs if not isinstance(r, (int, float)) or not math.isfinite(r)
+           or not lo <= r <= hi]
     span = f"[{lo:g}, {hi:g}]"
     if bad:
         return criterion("reward_range", SEMANTIC["reward_range"], False,
-                         details=f"{len(bad)} of {len(rs)} rewards outside {span}: {_short(bad[:5])}")
+                         details=f"{len(bad)} of {len(rs)} rewards outside {span}: "
+                                 f"{_short(bad[:5])}")
     return criterion("reward_range", SEMANTIC["reward_range"], True,
-                     details=f"{len(rs)} rewards, from {min(rs, default=0):g} to {max(rs, default=0):g}, inside {span}")
+                     details=f"{len(rs)} rewards, from {min(rs, default=0):g} to "
+                             f"{max(rs, default=0):g}, inside {span}")
 
 # %% ../nbs/14a_conformance.ipynb #93061557
 def _floor_play(p: Player, seeds: Iterable[int]) -> list[dict]:
@@ -836,12 +911,13 @@ def _floor_play(p: Player, seeds: Iterable[int]) -> list[dict]:
 
 # %% ../nbs/14a_conformance.ipynb #5480c6c5
 def _floor_gap(eps: list[dict], declared: dict) -> dict:
-    "`floor_gap`: the do-nothing and the random player each score below `max_return`, on average over `eps`."
+    "`floor_gap`: the do-nothing and the random player each average below `max_return` over `eps`."
     top, name = declared["max_return"], "floor_gap"
     if top is None: return skipped(name, SEMANTIC[name], "the environment declares no max_return")
     if err := next((f"seed {e['seed']}: {e['error']}" for e in eps if e["error"]), None):
         return criterion(name, SEMANTIC[name], False, details=err)
-    means = {pol: statistics.fmean(episode_return(e) for e in eps if e["policy"] == pol) for pol in ("do-nothing", "random")}
+    means = {pol: statistics.fmean(episode_return(e) for e in eps if e["policy"] == pol)
+             for pol in ("do-nothing", "random")}
     said = "; ".join(f"{k} player: mean return {m:g}" for k, m in means.items())
     return criterion(name, SEMANTIC[name], all(m < top - 1e-9 for m in means.values()),
                      details=f"{said} (max_return {top:g})")
@@ -856,21 +932,27 @@ def _says(declared: dict, seeds: Iterable[int]) -> tuple[dict, str | None]:
 def _not_declared(declared: dict, what: str) -> str:
     "Why a check that needs `what` (`reference_solution` or `answer`) was not run."
     if declared.get("known", True): return f"the environment declares no {what}"
-    return f"a server known by its URL only cannot say its {what}: check the project or environment class on this machine"
+    return (f"a server known by its URL only cannot say its {what}: check the project or "
+            "environment class on this machine")
 
 # %% ../nbs/14a_conformance.ipynb #99c90a4e
 def _oracle(p: Player, declared: dict, says: dict, why: str | None) -> dict:
     "`oracle_max`: the declared reference solution, played on each seed, scores `max_return`."
-    name, top, sols = "oracle_max", declared["max_return"], {s: sol for s, (sol, _) in says.items() if sol is not None}
+    name, top, sols = ("oracle_max", declared["max_return"],
+                       {s: sol for s, (sol, _) in says.items() if sol is not None})
     if why or (sols and top is None):
         return criterion(name, SEMANTIC[name], False,
-                         details=why or "a reference_solution is declared, but no max_return for it to reach")
+                         details=why or "a reference_solution is declared, but no max_return for "
+                                        "it to reach")
     if not sols: return skipped(name, SEMANTIC[name], _not_declared(declared, "reference_solution"))
     eps = [p.episode(s, sol, policy="reference") for s, sol in sols.items()]
-    short = [f"seed {e['seed']}: " + (e["error"] or f"return {episode_return(e):g}, {len(e['actions']) - len(_answers(e))} actions refused")
+    short = [f"seed {e['seed']}: " + (e["error"]
+                                      or f"return {episode_return(e):g}, "
+                                         f"{len(e['actions']) - len(_answers(e))} actions refused")
              for e in eps if e["error"] or episode_return(e) < top - 1e-6]
     return criterion(name, SEMANTIC[name], not short,
-                     details="; ".join(short) or f"return {top:g} on seeds {', '.join(map(str, sols))}")
+                     details="; ".join(short)
+                     or f"return {top:g} on seeds {', '.join(map(str, sols))}")
 
 # %% ../nbs/14a_conformance.ipynb #cadafddc
 def _mentions(x: Any, answer: str) -> bool:
@@ -882,9 +964,11 @@ def _mentions(x: Any, answer: str) -> bool:
 
 # %% ../nbs/14a_conformance.ipynb #ba8f6b5a
 def _leaks(ep: dict, answer: str) -> list[str]:
-    "Where in `ep` an observation shows `answer` before the episode ended; an echo of an action that said it does not count."
-    seen = [("the reset", None, f) for f in ep["frames"][:1]] + [(f"step {i}", a, f) for i, (a, f) in enumerate(zip(ep["actions"], ep["frames"][1:]), 1)]
-    return [w for w, a, f in seen if f.get("type") == "observation" and not f["data"].get("done") and not _mentions(a, answer)
+    "Where in `ep` an observation shows `answer` before the end (echoing an action doesn't count)."
+    seen = [("the reset", None, f) for f in ep["frames"][:1]] + [
+        (f"step {i}", a, f) for i, (a, f) in enumerate(zip(ep["actions"], ep["frames"][1:]), 1)]
+    return [w for w, a, f in seen if f.get("type") == "observation" and not f["data"].get("done")
+            and not _mentions(a, answer)
             and _mentions({k: f["data"].get(k) for k in ("observation", "metadata")}, answer)]
 
 # %% ../nbs/14a_conformance.ipynb #42b6b645
@@ -893,9 +977,12 @@ def _leakage(eps: list[dict], declared: dict, says: dict, why: str | None) -> di
     name, answers = "no_solution_leakage", {s: a for s, (_, a) in says.items() if a}
     if why: return criterion(name, SEMANTIC[name], False, details=why)
     if not answers: return skipped(name, SEMANTIC[name], _not_declared(declared, "answer"))
-    found = list(dict.fromkeys(f"seed {e['seed']}, {w} ({e['policy']} player)" for e in eps if e["seed"] in answers for w in _leaks(e, str(answers[e["seed"]]))))
-    return criterion(name, SEMANTIC[name], not found, details=f"the answer is shown at {'; '.join(found[:5])}" if found else
-                     f"{sum(e['seed'] in answers for e in eps)} episodes on {len(answers)} seeds: the answer never shown")
+    found = list(dict.fromkeys(f"seed {e['seed']}, {w} ({e['policy']} player)" for e in eps
+                               if e["seed"] in answers for w in _leaks(e, str(answers[e["seed"]]))))
+    return criterion(name, SEMANTIC[name], not found,
+                     details=f"the answer is shown at {'; '.join(found[:5])}" if found else
+                     f"{sum(e['seed'] in answers for e in eps)} episodes on {len(answers)} seeds: "
+                     "the answer never shown")
 
 # %% ../nbs/14a_conformance.ipynb #2256eaa0
 def _round(wss: list, # open connections
@@ -909,25 +996,29 @@ def _round(wss: list, # open connections
 
 # %% ../nbs/14a_conformance.ipynb #9a74da48
 def _together(p: Player, seeds: list[int], acts: list[list]) -> list[dict]:
-    "An episode per seed, played at once on connections of their own, round by round; then each session's state."
-    eps = [{"seed": s, "actions": [], "frames": [], "error": None, "policy": "together"} for s in seeds]
+    "An episode per seed, played at once on their own connections, round by round; then each state."
+    eps = [{"seed": s, "actions": [], "frames": [], "error": None, "policy": "together"}
+           for s in seeds]
     with contextlib.ExitStack() as st:
         wss = [st.enter_context(p.connect()) for _ in seeds]
         for k in range(-1, max(map(len, acts))):
-            msgs = {i: {"type": "reset", "data": {"seed": s}} if k < 0 else {"type": "step", "data": acts[i][k]}
+            msgs = {i: {"type": "reset", "data": {"seed": s}} if k < 0
+                    else {"type": "step", "data": acts[i][k]}
                     for i, s in enumerate(seeds) if _live(eps[i]) and k < len(acts[i])}
             for i, answer in _round(wss, msgs, p.timeout).items(): _record(eps[i], msgs[i], *answer)
         for i, (frame, _) in _round(wss,
-                                    {i: {"type": "state"} for i, e in enumerate(eps) if not e["error"]}, p.timeout).items():
+                                    {i: {"type": "state"} for i, e in enumerate(eps)
+                                     if not e["error"]}, p.timeout).items():
             eps[i]["state"] = (frame or {}).get("data")
     return eps
 
 # %% ../nbs/14a_conformance.ipynb #fb7c222b
 def _isolation(p: Player, n: int = 8, steps: int = 8) -> dict:
-    "`episode_isolation`: `n` sessions played at once each play as they do alone, and count only their own steps."
+    "`episode_isolation`: `n` sessions at once each play as alone, counting only their own steps."
     name, seeds = "episode_isolation", [100 + i for i in range(n)]
     acts, full = [p.actions("random", s)[:steps] for s in seeds], None
-    for wait in [0.05] * 40 + [None]:  # the sessions of the episodes just played are freed soon after they end
+    # the sessions of the episodes just played are freed soon after they end
+    for wait in [0.05] * 40 + [None]:
         try: eps = _together(p, seeds, acts)
         except Exception as e:
             return criterion(name, SEMANTIC[name], False,
@@ -941,9 +1032,11 @@ def _isolation(p: Player, n: int = 8, steps: int = 8) -> dict:
                        f"the server holds fewer than {n} sessions at once ({_short(full, 200)})")
     alone = [p.episode(e["seed"], e["actions"], policy="alone") for e in eps]
     why = [w for e, a in zip(eps, alone) if (w := e["error"] or a["error"] or _differ(e, a))]
-    why += [f"seed {e['seed']}: state {_short(e.get('state'))} after {len(e['actions'])} steps" for e in eps if (e.get("state") or {}).get("step_count") != len(e["actions"])]
+    why += [f"seed {e['seed']}: state {_short(e.get('state'))} after {len(e['actions'])} steps"
+            for e in eps if (e.get("state") or {}).get("step_count") != len(e["actions"])]
     return criterion(name, SEMANTIC[name], not why,
-                     details="; ".join(why[:3]) or f"{n} sessions, {sum(len(e['actions']) for e in eps)} steps, each as alone")
+                     details="; ".join(why[:3])
+                     or f"{n} sessions, {sum(len(e['actions']) for e in eps)} steps, each as alone")
 
 # %% ../nbs/14a_conformance.ipynb #edc3a2cb
 def semantic_criteria(base: str, # the server's base URL
@@ -960,9 +1053,13 @@ def semantic_criteria(base: str, # the server's base URL
                 d in SEMANTIC.items()]
     p, (says, why) = Player(base, schema["action"], timeout, steps, headers), _says(declared, seeds)
     out = {"episode_determinism": _determinism(p, seeds[0])}
-    floor = _floor_play(p, seeds) if declared["max_return"] is not None or any(a for _, a in says.values()) else []
+    floor = (_floor_play(p, seeds)
+             if declared["max_return"] is not None or any(a for _, a in says.values()) else [])
     out |= {"floor_gap": _floor_gap(floor, declared), "oracle_max": _oracle(p, declared, says, why),
             "no_solution_leakage": _leakage(floor, declared, says, why)}
-    out["episode_isolation"] = _isolation(p) if out["episode_determinism"]["passed"] else skipped("episode_isolation", SEMANTIC["episode_isolation"], "episodes do not replay (episode_determinism), so sessions cannot be compared")
+    out["episode_isolation"] = (
+        _isolation(p) if out["episode_determinism"]["passed"]
+        else skipped("episode_isolation", SEMANTIC["episode_isolation"], "episodes do not replay "
+                     "(episode_determinism), so sessions cannot be compared"))
     out["reward_range"] = _reward_range(p, declared)
     return [out[k] for k in SEMANTIC]

@@ -40,7 +40,7 @@ def tool_value(result # a `tools/call` result, or a `CallToolObservation.result`
 
 # %% ../nbs/03a_mcp_client.ipynb #59f7e8ba
 class GenericMCPObservation(Observation):
-    "An observation of a tool environment that is neither a tool list nor a tool call: its fields, whatever they are."
+    "A tool environment's observation that is neither a tool list nor a tool call: any fields."
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
 
 # %% ../nbs/03a_mcp_client.ipynb #4addaaed
@@ -53,9 +53,9 @@ def _as_result(r):
 
 # %% ../nbs/03a_mcp_client.ipynb #4a6ce828
 def tool_observation(payload: dict, # an envelope: `{observation, reward, done, metadata?}`
-                     obs_cls: type[Observation] | None = None # the environment's own observation class, for other observations
+                     obs_cls: type[Observation] | None = None # the env's own, for other kinds
                     ) -> StepResult:
-    "A step's envelope read as a tool environment's observation: a tool list, a tool call, or another kind."
+    "A step's envelope as a tool environment's observation: a tool list, a tool call, or another."
     obs = payload.get("observation") or {}
     rest = dict(reward=payload.get("reward"), done=bool(payload.get("done", False)),
                 metadata=payload.get("metadata") or obs.get("metadata") or {})
@@ -70,25 +70,26 @@ def tool_observation(payload: dict, # an envelope: `{observation, reward, done, 
 # %% ../nbs/03a_mcp_client.ipynb #944b9461
 @delegates()
 class MCPToolClient(EnvClient):
-    "Async client for a tool environment: `list_tools`, `call_tool`, `get_tool` and `has_tool`, beside `reset`/`step`/`state`."
-    def __init__(self, base_url: str | None = None, # the server, `http://host:port` or `ws://host:port`
+    "An `EnvClient` with a tool environment's `list_tools`, `call_tool`, `get_tool`, `has_tool`."
+    def __init__(self, base_url: str | None = None, # `http://host:port` or `ws://host:port`
                  **kwargs): # `EnvClient`'s options: `headers`, `token`, timeouts, `provider`
         super().__init__(base_url, **kwargs)
         self._tools_cache, self._rpc_id = None, 0
 
-    async def call_tool(self, name: str, # the tool (positional only, so that a tool may take an argument `name`)
+    async def call_tool(self, name: str, # the tool (positional only: a tool may take a `name`)
                         /, **arguments) -> Any: # its arguments, by name
         "Call a tool and return its value; `MCPError` (a `RuntimeError`) when it fails."
         try: r = await self.jsonrpc("tools/call", {"name": name, "arguments": arguments})
         except MCPError as e:
-            raise MCPError(e.code, f"Tool {name!r} failed: {e.message}", e.rpc_data, self.url) from None
+            raise MCPError(e.code, f"Tool {name!r} failed: {e.message}", e.rpc_data,
+                           self.url) from None
         if isinstance(r, dict) and (r.get("isError") or r.get("is_error")):
             raise MCPError(-32603, f"Tool {name!r} failed: {tool_value(r)}", r, self.url)
         return tool_value(r)
 
 # %% ../nbs/03a_mcp_client.ipynb #2cbe1ce2
 class MCPError(EnvServerError):
-    "A JSON-RPC error answer to an MCP call; `code` is its JSON-RPC code (-32602 for bad arguments, for one)."
+    "A JSON-RPC error answer to an MCP call; `code` is its JSON-RPC code (-32602: bad arguments)."
     def __init__(self, code: int, # the JSON-RPC error code
                  message: str, # what went wrong, as the server put it
                  data: Any = None, # the error's `data` (pydantic's errors for bad arguments)
@@ -104,18 +105,20 @@ async def jsonrpc(self: MCPToolClient, method: str, # e.g. `"tools/list"`
     "Send one JSON-RPC request in an `mcp` message of the session; its `result`, or `MCPError`."
     self._rpc_id += 1
     reply = await self._request({"type": "mcp",
-                                 "data": {"jsonrpc": "2.0", "id": self._rpc_id, "method": method, "params": params or {}}})
+                                 "data": {"jsonrpc": "2.0", "id": self._rpc_id, "method": method,
+                                          "params": params or {}}})
     if (err := reply.get("error")) is not None:
         raise MCPError(err.get("code", -32603), err.get("message", ""), err.get("data"), self.url)
     return reply.get("result")
 
 # %% ../nbs/03a_mcp_client.ipynb #67e81a96
 @patch
-async def list_tools(self: MCPToolClient, use_cache: bool = True # give the list fetched before, if any
+async def list_tools(self: MCPToolClient, use_cache: bool = True # give the list fetched before
                     ) -> list[Tool]:
-    "The environment's tools, with their input schemas; fetched once, then cached unless `use_cache=False`."
+    "The environment's tools, with their input schemas; fetched once and cached (`use_cache`)."
     if not use_cache or self._tools_cache is None:
-        self._tools_cache = [tool_from(t) for t in (await self.jsonrpc("tools/list")).get("tools", [])]
+        self._tools_cache = [tool_from(t)
+                             for t in (await self.jsonrpc("tools/list")).get("tools", [])]
     return self._tools_cache
 
 # %% ../nbs/03a_mcp_client.ipynb #fa5220bc

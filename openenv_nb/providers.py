@@ -116,9 +116,11 @@ class LocalProcessProvider(Provider):
 @patch
 def command(self: LocalProcessProvider) -> list[str]:
     "The command line that starts the server."
-    return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host, "--port", str(self.port),
+    return [sys.executable, "-m", "openenv_nb.cli", "serve", self.target, "--host", self.host,
+            "--port", str(self.port),
             "--log-level", "warning",
-            *([] if self.max_sessions is None else ["--max-sessions", str(self.max_sessions)]), *self.args]
+            *([] if self.max_sessions is None else ["--max-sessions", str(self.max_sessions)]),
+            *self.args]
 
 # %% ../nbs/04_providers.ipynb #1da41c8f
 @patch
@@ -144,13 +146,15 @@ def _wait_ready(self: LocalProcessProvider) -> str:
     deadline, url = time.monotonic() + self.startup_timeout_s, None
     while time.monotonic() < deadline:
         if self.proc.poll() is not None:
-            raise ProviderError(f"Server for {self.target!r} exited with code {self.proc.returncode} before it was "
+            raise ProviderError(f"Server for {self.target!r} exited with code "
+                                f"{self.proc.returncode} before it was "
                                 f"ready. Last log lines:\n{self.log_tail()}")
         if url is None and (m := _ANNOUNCE.search(self.log_path.read_text(errors="replace"))):
             url = m.group(1)
         if url is not None and healthy(url, timeout=0.5): return url
         time.sleep(0.02)
-    raise ProviderError(f"Server for {self.target!r} was not healthy within {self.startup_timeout_s:g} s. "
+    raise ProviderError(f"Server for {self.target!r} was not healthy within "
+                        f"{self.startup_timeout_s:g} s. "
                         f"Last log lines:\n{self.log_tail()}")
 
 # %% ../nbs/04_providers.ipynb #4a08cc01
@@ -200,7 +204,8 @@ def docker_client():
         if _docker is None:
             try: import docker
             except ImportError:
-                raise ImportError("Docker support needs the docker SDK: pip install 'openenv-nb[docker]'") from None
+                raise ImportError("Docker support needs the docker SDK: pip install "
+                                  "'openenv-nb[docker]'") from None
             try: _docker = docker.from_env(max_pool_size=64)
             except docker.errors.DockerException as e:
                 raise ProviderError(f"No Docker engine answers here: {e}") from None
@@ -277,7 +282,8 @@ class DockerProvider(Provider):
                  **run_kwargs # more options of the SDK's `containers.create` (`volumes`, `shm_size`, ...)
                 ):
         store_attr("image,max_sessions,network,cpus,mem_limit,command,startup_timeout_s,stop_timeout_s,run_kwargs")
-        self.env_vars, self.labels, self.port_wanted = dict(env_vars or {}), dict(labels or {}), port
+        self.env_vars, self.labels, self.port_wanted = dict(env_vars
+                                                            or {}), dict(labels or {}), port
         self.container, self.base_url, self.port, self._logs, self._stopping = None, None, None, "", threading.Lock()
 
 # %% ../nbs/04_providers.ipynb #fb40acad
@@ -321,8 +327,10 @@ def _create(self: DockerProvider, client, host_net: bool):
     import docker
     self.port = (self.port_wanted or free_port()) if host_net else None
     env = {"HOST": "127.0.0.1" if host_net else "0.0.0.0", "PORT": str(self.port or 8000),
-           **({} if self.max_sessions is None else {"MAX_SESSIONS": str(self.max_sessions)}), **self.env_vars}
-    kw = dict(environment=env, labels={LABEL: "1", OWNER_LABEL: owner_id(), "openenv-nb.image": self.image, **self.labels})
+           **({} if self.max_sessions is None else {"MAX_SESSIONS": str(self.max_sessions)}),
+           **self.env_vars}
+    kw = dict(environment=env, labels={LABEL: "1", OWNER_LABEL: owner_id(),
+                                       "openenv-nb.image": self.image, **self.labels})
     if host_net: kw["network_mode"] = "host"
     else:
         kw.update(ports={"8000/tcp": ("127.0.0.1", self.port_wanted)},
@@ -350,10 +358,12 @@ def _wait_ready(self: DockerProvider, c) -> str:
             st = c.attrs.get("State", {})
             if c.status in ("exited", "dead"):
                 why = " (killed: out of memory)" if st.get("OOMKilled") else ""
-                raise ProviderError(f"Container {c.name} of {self.image!r} exited with code {st.get('ExitCode')}{why} before it was ready")
+                raise ProviderError(f"Container {c.name} of {self.image!r} exited with code "
+                                    f"{st.get('ExitCode')}{why} before it was ready")
             check = now + 0.25
         if now > deadline:
-            raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within {self.startup_timeout_s:g} s")
+            raise ProviderError(f"Container {c.name} of {self.image!r} was not healthy within "
+                                f"{self.startup_timeout_s:g} s")
         time.sleep(0.02)
 
 # %% ../nbs/04_providers.ipynb #d39a1c77
@@ -374,7 +384,8 @@ def _run(self: DockerProvider, host_net: bool) -> str:
     except ProviderError as e:
         tail = self.log_tail()
         self.stop(timeout_s=0)
-        raise ProviderError(f"{e}. Last log lines of the container:\n{tail}" if tail else f"{e} (the container wrote nothing)") from None
+        raise ProviderError(f"{e}. Last log lines of the container:\n{tail}" if tail
+                            else f"{e} (the container wrote nothing)") from None
 
 # %% ../nbs/04_providers.ipynb #52440de9
 _reaped = False
@@ -399,7 +410,8 @@ def start(self: DockerProvider) -> str:
         except Exception as e:  # the engine failed us: still nothing left behind
             tail = self.log_tail()
             self.stop(timeout_s=0)
-            raise ProviderError(f"Starting a container of {self.image!r} failed: {e!r}. Last log lines:\n{tail}") from e
+            raise ProviderError(f"Starting a container of {self.image!r} failed: {e!r}. Last log "
+                                f"lines:\n{tail}") from e
         except BaseException:  # interrupted
             self.stop(timeout_s=0)
             raise
@@ -467,7 +479,8 @@ def start(self: ServerPool) -> list[str]:
     failed = [e for e in errors if e is not None]
     if failed:
         self.stop()
-        raise ProviderError(f"{len(failed)} of {len(self)} servers failed to start; the first: {failed[0]}") from failed[0]
+        raise ProviderError(f"{len(failed)} of {len(self)} servers failed to start; the first: "
+                            f"{failed[0]}") from failed[0]
     with self._lock: self._free, self.started = deque(range(len(self))), True
     return self.urls
 

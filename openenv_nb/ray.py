@@ -44,7 +44,7 @@ def url_for(host: str, # the address a server listens on
 # %% ../nbs/13_ray.ipynb #bbf89e4a
 class ThreadServer(Provider):
     "Serve an environment from a thread of this process, on a free port of `host`."
-    def __init__(self, target: str = "echo", # a target (see `targets`): `"echo"`, `"module:factory"`, `"module:app"`, ...
+    def __init__(self, target: str = "echo", # a target (see `targets`), e.g. `"module:factory"`
                  host: str = "127.0.0.1", # address to bind
                  max_sessions: int = 64, # concurrent sessions
                  session_timeout: float | None = 300.0, # idle seconds before a session is reaped
@@ -119,13 +119,14 @@ class ServerHost:
 # %% ../nbs/13_ray.ipynb #7758fe9e
 @patch
 def start(self: ServerHost) -> dict:
-    "Start the server; where it is: `url`, `node_ip`, `node_id`, `pid` (of the actor), `server_pid`, `container`."
+    "Start the server; where: `url`, `node_ip`, `node_id`, `pid` (actor's), `server_pid`, `container`."
     ip, node_id = node_address()
     bind_to = self.host or (ip if self.backend != "docker" else "0.0.0.0")
     self.server = make_server(self.backend, self.target, bind_to, **self.kwargs)
     port = urlsplit(self.server.start()).port
     proc, box = getattr(self.server, "proc", None), getattr(self.server, "container", None)
-    return {"url": url_for(ip if bind_to in ("0.0.0.0", "::") else bind_to, port), "node_ip": ip, "node_id": node_id,
+    return {"url": url_for(ip if bind_to in ("0.0.0.0", "::") else bind_to, port), "node_ip": ip,
+            "node_id": node_id,
             "pid": os.getpid(), "server_pid": proc.pid if proc is not None else os.getpid(),
             "container": getattr(box, "name", None)}
 
@@ -142,7 +143,7 @@ NODE_ID_LABEL = "ray.io/node-id"  # a label every Ray node has
 def actor_options(num_cpus: float = 1.0, # CPUs per server
                   memory: int | None = None, # bytes of memory per server
                   resources: dict | None = None, # custom resources per server, e.g. `{"env_node": 1}`
-                  label_selector: dict | None = None, # node labels, e.g. `{"zone": "us-east-1a"}` or `{"pool": "in(a,b)"}`
+                  label_selector: dict | None = None, # node labels, e.g. `{"pool": "in(a,b)"}`
                   spread: bool = False, # spread the servers over the nodes
                   runtime_env: dict | None = None, # Ray runtime environment of the actors
                   avoid_node: str | None = None, # a node id not to use if any other fits
@@ -192,7 +193,8 @@ def why_unplaceable(ask: dict, # what one server asks for, e.g. `{"CPU": 1, "env
         most = max(n["Resources"].get(r, 0) for n in fit)
         if most == 0: return f"no node{where} has the resource {r!r}"
         if most < x:
-            return f"each server asks for {r} {_amount(r, x)}, and the largest node{where} has {_amount(r, most)}"
+            return (f"each server asks for {r} {_amount(r, x)}, and the largest node{where} has "
+                    f"{_amount(r, most)}")
     big = [n for n in fit if all(n["Resources"].get(r, 0) >= x for r, x in ask.items())]
     if not big: return f"no single node{where} has all of {ask}"
     for r, x in ask.items():
@@ -200,7 +202,8 @@ def why_unplaceable(ask: dict, # what one server asks for, e.g. `{"CPU": 1, "env
         free = max(available.get(n["NodeID"], {}).get(r, 0) for n in big)
         if free < x:
             total = sum(n["Resources"].get(r, 0) for n in big)
-            return f"{r} is taken: each server asks for {_amount(r, x)}, and the freest node that fits has {_amount(r, free)} ({_amount(r, total)} in all)"
+            return (f"{r} is taken: each server asks for {_amount(r, x)}, and the freest node "
+                    f"that fits has {_amount(r, free)} ({_amount(r, total)} in all)")
     return "the nodes that fit are busy"
 
 # %% ../nbs/13_ray.ipynb #5d2c5988
@@ -224,7 +227,7 @@ class RayServer:
 
 # %% ../nbs/13_ray.ipynb #a65c68c5
 class RayProvider:
-    "`num_servers` environment servers placed on a Ray cluster, watched, and restarted elsewhere when they die."
+    "`num_servers` environment servers placed on a Ray cluster, watched, restarted when they die."
     def __init__(self, target: str = "echo", # a target (see `targets`), loadable on every node
                  num_servers: int = 2, # how many servers
                  sessions_per_server: int = 64, # concurrent sessions (environments) per server
@@ -233,14 +236,14 @@ class RayProvider:
                  resources: dict | None = None, # custom resources each server asks for
                  label_selector: dict | None = None, # node labels the servers need
                  spread: bool = False, # spread the servers over the nodes
-                 backend = "process", # `"process"`, `"thread"`, `"docker"` or a callable `host -> Provider` (see `ServerHost`)
+                 backend = "process", # `"process"`, `"thread"`, `"docker"`, a callable; see `ServerHost`
                  image: str | None = None, # the image, for the docker backend
-                 server_options: dict | None = None, # more options of each server's provider (e.g. `mem_limit=` for docker)
+                 server_options: dict | None = None, # more options of each server's provider
                  env_vars: dict | None = None, # environment variables of the servers
                  runtime_env: dict | None = None, # Ray runtime environment of the actors
                  session_timeout: float | None = 300.0, # idle seconds before a session is reaped
                  host: str | None = None, # address servers bind to; default each node's address
-                 address: str | None = "auto", # the cluster to join: `"auto"`, `"host:port"` or `"ray://host:port"`
+                 address: str | None = "auto", # `"auto"`, `"host:port"` or `"ray://host:port"`
                  local: bool = False, # start a Ray instance on this machine instead (a laptop)
                  init_kwargs: dict | None = None, # more `ray.init` arguments
                  placement_timeout_s: float = 60.0, # limit on Ray placing the servers
@@ -270,7 +273,8 @@ class RayProvider:
 @patch(as_prop=True)
 def ask(self: RayProvider) -> dict:
     "The resources one server asks for, as `why_unplaceable` reads them."
-    return {k: v for k, v in {"CPU": self.num_cpus, "memory": self.memory, **(self.resources or {})}.items() if v}
+    return {k: v for k, v in {"CPU": self.num_cpus, "memory": self.memory,
+                              **(self.resources or {})}.items() if v}
 
 # %% ../nbs/13_ray.ipynb #608e42bd
 @patch
@@ -283,8 +287,10 @@ def _options(self: RayProvider, avoid_node: str | None = None) -> dict:
 @patch
 def _host_kwargs(self: RayProvider) -> dict:
     "The arguments of one server's `ServerHost`."
-    return dict(target=self.target, backend=self.backend, host=self.host, max_sessions=self.sessions_per_server,
-                session_timeout=self.session_timeout, image=self.image, env_vars=self.env_vars, **(self.server_options or {}))
+    return dict(target=self.target, backend=self.backend, host=self.host,
+                max_sessions=self.sessions_per_server,
+                session_timeout=self.session_timeout, image=self.image, env_vars=self.env_vars,
+                **(self.server_options or {}))
 
 # %% ../nbs/13_ray.ipynb #b4816761
 @patch
@@ -297,7 +303,8 @@ def _connect(self: RayProvider):
     else:
         try: ray.init(address=self.address, **kw)
         except ConnectionError as e:
-            raise ProviderError(f"No Ray cluster at {self.address!r} ({e}). Start one (`ray start --head`), give its "
+            raise ProviderError(f"No Ray cluster at {self.address!r} ({e}). Start one (`ray start "
+                                "--head`), give its "
                                 "address, or pass local=True to start Ray on this machine") from None
     self._owns_ray = True
     return ray
@@ -349,7 +356,8 @@ def _check(self: RayProvider, ex: ThreadPoolExecutor):
     for s, ok in zip(servers, ex.map(lambda s: healthy(s.url, self.health_timeout_s), servers)):
         s.failures = 0 if ok else s.failures + 1
         if s.failures < self.failures_to_restart: continue
-        self._event(f"server {s.index} at {s.url} (node {s.node_ip}) failed {s.failures} health checks")
+        self._event(f"server {s.index} at {s.url} (node {s.node_ip}) failed {s.failures} health "
+                    "checks")
         if self.restart and not self._stopping.is_set(): self._restarter.submit(self._restart, s)
 
 # %% ../nbs/13_ray.ipynb #1a877cef
@@ -364,8 +372,11 @@ def _place(self: RayProvider, actors: list, timeout_s: float):
     try: available = ray._private.state.available_resources_per_node()
     except Exception: available = None
     why = why_unplaceable(self.ask, ray.nodes(), self.label_selector, available)
-    raise PlacementError(f"Ray placed {len(ready)} of {len(refs)} servers within {timeout_s:g} s: {why}. "
-                         f"(Each server asks for {self.ask}" + (f" on nodes labelled {self.label_selector}" if self.label_selector else "")
+    raise PlacementError(f"Ray placed {len(ready)} of {len(refs)} servers within {timeout_s:g} s: "
+                         f"{why}. "
+                         f"(Each server asks for {self.ask}"
+                         + (f" on nodes labelled {self.label_selector}" if self.label_selector
+                            else "")
                          + "; Ray would wait for such a node forever.)")
 
 # %% ../nbs/13_ray.ipynb #6a6dc52c
@@ -382,7 +393,8 @@ def _kill(self: RayProvider, actors: list, grace_s: float = 5.0):
 # %% ../nbs/13_ray.ipynb #590798b1
 def _wait_dead(actors: list, timeout_s: float = 10.0):
     "Wait until Ray reports each of `actors` dead (at most `timeout_s`)."
-    ray, ids, deadline = need_ray(), [a._actor_id.hex() for a in actors], time.monotonic() + timeout_s
+    ray, ids, deadline = need_ray(), [a._actor_id.hex()
+                                      for a in actors], time.monotonic() + timeout_s
     while ids and time.monotonic() < deadline:
         try: ids = [i for i in ids if ray._private.state.actors(i).get("State") != "DEAD"]
         except Exception: return  # an older Ray without this table: `ray.kill` has been sent
@@ -397,7 +409,8 @@ def _reach(infos: list[dict], # where the servers are, as `ServerHost.start` rep
     for info in infos:
         while not healthy(info["url"], timeout=1.0):
             if time.monotonic() > deadline:
-                raise ProviderError(f"The server at {info['url']} is healthy on its node but cannot be reached from "
+                raise ProviderError(f"The server at {info['url']} is healthy on its node but "
+                                    "cannot be reached from "
                                     "here: run the trainer where it can reach the nodes' addresses")
             time.sleep(0.1)
 
@@ -410,7 +423,8 @@ def _launch(self: RayProvider, actors: list, timeout_s: float) -> list[dict]:
     except ray.exceptions.GetTimeoutError:
         raise ProviderError(f"The servers did not start within {timeout_s:g} s") from None
     except ray.exceptions.RayTaskError as e:
-        raise ProviderError(f"A server failed to start on its node: {e.cause if e.cause is not None else e}") from None
+        raise ProviderError("A server failed to start on its node: "
+                            f"{e.cause if e.cause is not None else e}") from None
     except ray.exceptions.RayActorError as e:
         raise ProviderError(f"A server's actor died as it started: {e}") from None
     _reach(infos)
@@ -435,11 +449,13 @@ def start(self: RayProvider) -> list[str]:
     self._stopping.clear()
     actors = []
     try:
-        actors = [host_actor().options(**self._options()).remote(**self._host_kwargs()) for _ in range(self.num_servers)]
+        actors = [host_actor().options(**self._options()).remote(**self._host_kwargs())
+                  for _ in range(self.num_servers)]
         self._place(actors, self.placement_timeout_s)
         infos = self._launch(actors, self.startup_timeout_s)
     except BaseException as e:
-        self._kill(actors, grace_s=0 if isinstance(e, PlacementError) else 5.0)  # unplaced: nothing to stop gracefully
+        # unplaced: nothing to stop gracefully
+        self._kill(actors, grace_s=0 if isinstance(e, PlacementError) else 5.0)
         self._disconnect()
         raise
     self._begin(actors, infos)
@@ -448,7 +464,7 @@ def start(self: RayProvider) -> list[str]:
 # %% ../nbs/13_ray.ipynb #515524c9
 @patch
 def stop(self: RayProvider):
-    "Stop every server and actor (and the watcher); disconnect from Ray if `start` connected. Safe to call twice."
+    "Stop every server, actor and the watcher; leave Ray if `start` joined it. Safe to call twice."
     self._stopping.set()
     if self._watcher is not None: self._watcher.join(); self._watcher = None
     with self._lock:
@@ -463,7 +479,7 @@ def stop(self: RayProvider):
 # %% ../nbs/13_ray.ipynb #96d6562c
 @patch
 def _adopt(self: RayProvider, s: RayServer, actor, info: dict) -> bool:
-    "Make `actor`'s new server the one of `s`: its URL replaces the old in `urls`. `False` if `stop` took the actor."
+    "`actor`'s new server becomes `s`: its URL replaces the old in `urls`; `False` if `stop` won."
     with self._lock:
         if actor not in self._pending: return False
         self._pending.discard(actor)
@@ -478,7 +494,7 @@ def _adopt(self: RayProvider, s: RayServer, actor, info: dict) -> bool:
 # %% ../nbs/13_ray.ipynb #4d19a0aa
 @patch
 def _restart(self: RayProvider, s: RayServer):
-    "Replace dead server `s` with a new one, away from its node if possible; its URL in `urls` changes when ready."
+    "Replace dead server `s`, away from its node if possible; its URL in `urls` changes when ready."
     with contextlib.suppress(Exception): need_ray().kill(s.actor, no_restart=True)
     while not self._stopping.is_set():
         with self._lock:

@@ -26,18 +26,23 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 # %% ../nbs/00_types.ipynb #1fd9899e
 class Action(BaseModel):
     "What an agent sends to `Environment.step`; unknown fields are an error."
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              arbitrary_types_allowed=True)
     metadata: dict[str, Any] = Field(default_factory=dict,
                                      description="Free-form data that rides along with the action")
 
 # %% ../nbs/00_types.ipynb #aef8a8ab
 class Observation(BaseModel):
     "What an environment returns from `reset` and `step`."
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              arbitrary_types_allowed=True)
     done: bool = Field(default=False, description="Whether the episode has ended")
-    reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
+    reward: bool | int | float | None = Field(default=None,
+                                              description="Reward for the last action")
     metadata: dict[str, Any] = Field(default_factory=dict,
-                                     description="Extra data for the client (sent in the observation, and copied to the reply's top level when not empty)")
+                                     description="Extra data for the client (sent in the "
+                                                 "observation, and copied to the reply's top level "
+                                                 "when not empty)")
 
 # %% ../nbs/00_types.ipynb #929ed7fa
 class State(BaseModel):
@@ -72,7 +77,8 @@ class StepRequest(BaseModel):
     "Body of an HTTP step: the action's fields, an optional timeout, plus environment-specific keys."
     model_config = ConfigDict(extra="allow",
                               json_schema_extra={"examples": [{"action": {"message": "hi"}, "timeout_s": 30.0}]})
-    action: dict[str, Any] = Field(description="The action, as the environment's action schema describes it")
+    action: dict[str, Any] = Field(description="The action, as the environment's action schema "
+                                               "describes it")
     timeout_s: float | None = Field(default=None, gt=0,
                                     description="Time limit for the step, in seconds")
     request_id: str | None = Field(default=None, max_length=255,
@@ -94,11 +100,15 @@ def to_envelope(obs: Observation # the observation an environment returned
 # %% ../nbs/00_types.ipynb #0723e399
 class Envelope(BaseModel):
     "The reply to a reset or step: an observation's fields, with reward and done beside them."
-    observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` included")
-    reward: bool | int | float | None = Field(default=None, description="Reward for the last action")
+    observation: dict[str, Any] = Field(description="The observation's own fields, `metadata` "
+                                                    "included")
+    reward: bool | int | float | None = Field(default=None,
+                                              description="Reward for the last action")
     done: bool = Field(default=False, description="Whether the episode has ended")
     metadata: dict[str, Any] | None = Field(default=None,
-                                            description="A copy of `observation.metadata`, when that is not empty (as OpenEnv 0.10 sends it)")
+                                            description="A copy of `observation.metadata`, when "
+                                                        "that is not empty (as OpenEnv 0.10 sends "
+                                                        "it)")
 
 # %% ../nbs/00_types.ipynb #9e417b3e
 ObsT = TypeVar("ObsT")
@@ -227,10 +237,12 @@ def list_adapter(cls: type # a pydantic model, or any type pydantic reads
     return TypeAdapter(list[cls])
 
 # %% ../nbs/00_types.ipynb #a5212fc2
-EXT_HEADER = "x-openenv-extensions"  # names the extensions a server offers and a client asks for, comma-separated
+# names the extensions a server offers and a client asks for, comma-separated
+EXT_HEADER = "x-openenv-extensions"
 
 # %% ../nbs/00_types.ipynb #1dc9839c
-_SECRETS = re.compile(r"(?i)(bearer[ .]|x-openenv-token:\s*)[^\s,;'\"]+")  # a token, after what announces it
+# a token, after what announces it
+_SECRETS = re.compile(r"(?i)(bearer[ .]|x-openenv-token:\s*)[^\s,;'\"]+")
 
 def redact(text: str # a log message, say
           ) -> str:

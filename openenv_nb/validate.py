@@ -1,4 +1,4 @@
-"""`openenv validate`: check a project folder, an environment, or a running server, at three levels: static, runtime, semantic.
+"""`openenv validate`: check a project, an environment or a server: static, runtime, semantic.
 
 Docs: https://openenv-nb.github.io/openenv-nb/validate.html.md"""
 
@@ -11,16 +11,18 @@ __all__ = ['served_criteria', 'validate_project', 'validate_env', 'validate']
 from pathlib import Path
 from typing import Any, Callable
 
-from .conformance import LEVELS, app_criteria, criterion, format_report, report_of, validate_url
+from .conformance import (LEVELS, app_criteria, criterion, format_report, report_of,
+                                    validate_url)
 from .images import check_dockerfile
-from .manifest import MANIFEST, ManifestError, Manifest, isolated_imports, load_manifest, manifest_path
+from .manifest import (MANIFEST, ManifestError, Manifest, isolated_imports, load_manifest,
+                                 manifest_path)
 from .server import serve_in_thread
 from .targets import app_for, resolve
 from .types import Action, Observation
 
 # %% ../nbs/14_validate.ipynb #c6f365b7
 def _app_criteria(m: Manifest) -> tuple[list[dict], Any]:
-    "`app_importable` and `app_builds`: what the manifest's `app` names, made into a server as `openenv serve` makes it; the app."
+    "`app_importable`, `app_builds`: the manifest's `app`, made into an app as `openenv serve` does."
     d = "`app` imports and names an Environment class, a factory, or an ASGI app"
     try: obj = m.load("app")
     except ManifestError as e: return [criterion("app_importable", d, False, details=str(e))], None
@@ -29,23 +31,26 @@ def _app_criteria(m: Manifest) -> tuple[list[dict], Any]:
     try: app, why = app_for(obj, m), None
     except Exception as e: app, why = None, f"{type(e).__name__}: {e}"
     return out + [criterion("app_builds",
-                            "the server app is made from `app` (as `openenv serve` makes it)", app is not None, details=why)], app
+                            "the server app is made from `app` (as `openenv serve` makes it)",
+                            app is not None, details=why)], app
 
 # %% ../nbs/14_validate.ipynb #e13025d5
 def _class_criterion(m: Manifest, field: str, base: type, used: type | None) -> dict:
-    "`action_class` or `observation_class`: the manifest's `field` names a `base` subclass, the one the environment uses."
+    "`action_class` or `observation_class`: `field` names the `base` subclass the environment uses."
     desc, cid = f"`{field}` names the {base.__name__} class the environment uses", f"{field}_class"
     if getattr(m, field) is None:
         return criterion(cid, desc, True, details="not set: the environment's own is used")
     try: cls = m.load(field)
     except ManifestError as e: return criterion(cid, desc, False, details=str(e))
-    why = (f"{getattr(m, field)} is not a subclass of {base.__name__}" if not (isinstance(cls, type) and issubclass(cls, base))
-           else f"the environment uses {used.__module__}.{used.__name__}" if used is not None and used is not cls else None)
+    why = (f"{getattr(m, field)} is not a subclass of {base.__name__}"
+           if not (isinstance(cls, type) and issubclass(cls, base))
+           else f"the environment uses {used.__module__}.{used.__name__}" if used is not None
+           and used is not cls else None)
     return criterion(cid, desc, why is None, details=why)
 
 # %% ../nbs/14_validate.ipynb #6eec786f
 def _import_criteria(m: Manifest) -> tuple[list[dict], Any]:
-    "What the manifest names: the app (made into a server, as `openenv serve` makes it), the action and observation classes; the app."
+    "What the manifest names: the app (made into a server), the action and observation classes."
     out, app = _app_criteria(m)
     hub = getattr(getattr(app, "state", None), "hub", None)
     return out + [_class_criterion(m, f, base, getattr(hub, f"{f}_cls", None)) for f,
@@ -56,22 +61,28 @@ def _file_criteria(root: Path) -> list[dict]:
     "The files that `build` and `push` use, as warnings."
     df, pp, readme = root / "Dockerfile", root / "pyproject.toml", (root / "README.md").is_file()
     broken = check_dockerfile(df.read_text()) if df.is_file() else ["no Dockerfile"]
-    why = None if pp.is_file() and "openenv-nb" in pp.read_text() else "no pyproject.toml" if not pp.is_file() else "pyproject.toml does not depend on openenv-nb"
-    return [criterion("dockerfile", "Dockerfile follows the image rules (BASE_IMAGE, PORT and HOST, HEALTHCHECK, a user, no secrets)",
+    why = (None if pp.is_file() and "openenv-nb" in pp.read_text() else "no pyproject.toml"
+           if not pp.is_file() else "pyproject.toml does not depend on openenv-nb")
+    return [criterion("dockerfile", "Dockerfile follows the image rules (BASE_IMAGE, PORT and "
+                                    "HOST, HEALTHCHECK, a user, no secrets)",
                       not broken, required=False, details="; ".join(broken) or None),
-            criterion("readme", "README.md describes the environment (it becomes the Space's page)", readme, required=False,
+            criterion("readme", "README.md describes the environment (it becomes the Space's page)",
+                      readme, required=False,
                       details=None if readme else "no README.md"),
-            criterion("pyproject", "pyproject.toml makes the project a package that depends on openenv-nb", why is None, required=False, details=why)]
+            criterion("pyproject", "pyproject.toml makes the project a package that depends on "
+                                   "openenv-nb", why is None, required=False, details=why)]
 
 # %% ../nbs/14_validate.ipynb #632f71af
 def _manifest_criteria(root: Path) -> tuple[Manifest | None, list[dict]]:
-    "`manifest` and `manifest_fields`: the project's manifest, read and checked; the manifest (`None` if broken)."
+    "`manifest` and `manifest_fields`: the manifest read and checked; it (`None` if broken)."
     d = f"{MANIFEST} is present and valid"
     try: m = load_manifest(root)
     except ManifestError as e: return None, [criterion("manifest", d, False, details=str(e))]
     extra = sorted(m.model_extra or {})
-    return m, [criterion("manifest", d, True, actual={"name": m.name, "version": m.version, "app": m.app, "port": m.port}),
-               criterion("manifest_fields", f"{MANIFEST} holds only fields that openenv knows", not extra, required=False,
+    return m, [criterion("manifest", d, True, actual={"name": m.name, "version": m.version,
+                                                      "app": m.app, "port": m.port}),
+               criterion("manifest_fields", f"{MANIFEST} holds only fields that openenv knows",
+                         not extra, required=False,
                          details=f"unknown: {', '.join(extra)} (a typo?)" if extra else None)]
 
 # %% ../nbs/14_validate.ipynb #6c4389d3
@@ -79,7 +90,7 @@ def served_criteria(app: Any, # the app, made but not yet served; `None` when it
                     level: str = "runtime", # `"runtime"` or `"semantic"`
                     timeout: float = 5.0, # seconds for each request and each answer
                    ) -> list[dict]:
-    "The checks of a server (see `validate_url`), run on `app` served in this process while they run."
+    "A server's checks (see `validate_url`), run on `app` served in this process meanwhile."
     if app is None:
         return [criterion("served", "The app is served in this process for the runtime checks",
                           False, details="not served: the app could not be made")]
@@ -88,10 +99,12 @@ def served_criteria(app: Any, # the app, made but not yet served; `None` when it
         return validate_url(base, timeout, level, env=getattr(hub, "factory", None))["criteria"]
 
 # %% ../nbs/14_validate.ipynb #1d3ea932
-def _code_criteria(m: Manifest, level: str, timeout: float, log: Callable | None) -> tuple[list[dict], list[dict]]:
-    "What the project's code gives: its static criteria, and those of its app served (none at level `static`)."
+def _code_criteria(m: Manifest, level: str, timeout: float,
+                   log: Callable | None) -> tuple[list[dict], list[dict]]:
+    "The project code's static criteria, and its served app's (none at level `static`)."
     if log:
-        log(f"importing the code of project {m.name} from {m.root} ({m.app}, as its {MANIFEST} says): validate only projects you trust")
+        log(f"importing the code of project {m.name} from {m.root} ({m.app}, as its {MANIFEST} "
+            "says): validate only projects you trust")
     with isolated_imports(m.root):
         found, app = _import_criteria(m)
         found += app_criteria(app) if app is not None else []
@@ -99,9 +112,9 @@ def _code_criteria(m: Manifest, level: str, timeout: float, log: Callable | None
 
 # %% ../nbs/14_validate.ipynb #bf36b7c3
 def validate_project(path: str | Path = ".", # the project folder (or its openenv.yaml)
-                     log: Callable[[str], Any] | None = None, # told, before the project's code is imported, that it will be
+                     log: Callable[[str], Any] | None = None, # told before the project's code runs
                      level: str = "static", # `"static"`, `"runtime"` or `"semantic"`
-                     timeout: float = 5.0, # seconds for each request and each answer, at the runtime and semantic levels
+                     timeout: float = 5.0, # seconds for each request and answer (runtime, semantic)
                     ) -> dict:
     "The report on the environment project at `path`, at `level`."
     if level not in LEVELS:
@@ -111,23 +124,26 @@ def validate_project(path: str | Path = ".", # the project folder (or its openen
     m, criteria = _manifest_criteria(root)
     static, served = _code_criteria(m, level, timeout, log) if m is not None else ([], [])
     criteria += static + (_file_criteria(root) if root.is_dir() else []) + served
-    return report_of(criteria, target=str(root), environment=m.name if m else None, validation_type="local_environment", level=level,
+    return report_of(criteria, target=str(root), environment=m.name if m else None,
+                     validation_type="local_environment", level=level,
                    standard_version="local", standard_profile="openenv-nb-project")
 
 # %% ../nbs/14_validate.ipynb #89a5311d
 def _name(env: Any) -> str:
     "What to call `env` in a report."
-    return str(env) if isinstance(env, (str, Path)) else getattr(env, "__name__", type(env).__name__)
+    return str(env) if isinstance(env, (str,
+                                        Path)) else getattr(env, "__name__", type(env).__name__)
 
 # %% ../nbs/14_validate.ipynb #0fe3e44a
 def _env_app(env: Any) -> tuple[list[dict], Any]:
-    "`app_builds`: `env` loaded (when named) and made into a server app as `openenv serve` makes it; the app."
+    "`app_builds`: `env` loaded (when named) and made into an app as `openenv serve` does; the app."
     try: app, why = app_for(resolve(env)[0] if isinstance(env, (str, Path)) else env), None
     except Exception as e: app, why = None, f"{type(e).__name__}: {e}"
-    return [criterion("app_builds", f"{_name(env)} loads, and the server app is made from it (as `openenv serve` makes it)", app is not None, details=why)], app
+    return [criterion("app_builds", f"{_name(env)} loads, and the server app is made from it (as "
+                                    "`openenv serve` makes it)", app is not None, details=why)], app
 
 # %% ../nbs/14_validate.ipynb #3e5529b8
-def validate_env(env: Any, # a built-in's name, a family's `prefix:name`, `module:attribute`, an `Environment` class, a factory or an app
+def validate_env(env: Any, # a built-in, `prefix:name`, `module:attribute`, class, factory or app
                  level: str = "static", # `"static"`, `"runtime"` or `"semantic"`
                  timeout: float = 5.0, # seconds for each request and each answer
                 ) -> dict:
@@ -137,22 +153,23 @@ def validate_env(env: Any, # a built-in's name, a family's `prefix:name`, `modul
     criteria, app = _env_app(env)
     if app is not None: criteria += app_criteria(app)
     if level != "static": criteria += served_criteria(app, level, timeout)
-    return report_of(criteria, target=_name(env), environment=_name(env), validation_type="local_environment", level=level,
+    return report_of(criteria, target=_name(env), environment=_name(env),
+                     validation_type="local_environment", level=level,
                    standard_version="local", standard_profile="openenv-nb-environment")
 
 # %% ../nbs/14_validate.ipynb #c9217d39
 def _is_project(t: str | Path # a target that is not a URL
                ) -> bool:
-    "Whether `t` is checked as a project: an `openenv.yaml`, or a folder (which may lack one); `targets.resolve` says what else is."
+    "Whether `t` is checked as a project: an `openenv.yaml`, or a folder (which may lack one)."
     return manifest_path(t).is_file() or Path(t).is_dir()
 
 # %% ../nbs/14_validate.ipynb #6593241d
-def validate(target: Any = ".", # a server's URL, a project folder, or an environment (see `validate_env`)
-             level: str | None = None, # `"static"`, `"runtime"` or `"semantic"`; by default `runtime` for a URL, else `static`
+def validate(target: Any = ".", # a server's URL, a project folder, or an environment
+             level: str | None = None, # by default `"runtime"` for a URL, else `"static"`
              timeout: float = 5.0, # seconds for each request and each answer
              log: Callable[[str], Any] | None = None, # told before a project's code is imported
-             headers: dict | None = None, # with a server's URL: sent with every request and handshake
-             token: str | None = None, # with a server's URL: its own token; `None` reads `OPENENV_TOKEN`
+             headers: dict | None = None, # a server's: sent with every request and handshake
+             token: str | None = None, # a server's own token; `None` reads `OPENENV_TOKEN`
             ) -> dict:
     "The report on `target` at `level`: every check of that level and of the levels below it."
     if level is not None and level not in LEVELS:

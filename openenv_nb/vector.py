@@ -33,7 +33,8 @@ async def open(self: _Link, count: int # how many environments
     "Connect (again, if the session was lost) and open `count` environments; their ids."
     await self.connect()
     if "batch" not in self.extensions:
-        raise OpenEnvError(f"{self.url} does not offer the 'batch' extension (an openenv-core server?): "
+        raise OpenEnvError(f"{self.url} does not offer the 'batch' extension (an openenv-core "
+                           "server?): "
                            "use one EnvClient per environment there")
     return (await self._request({"type": "batch.open", "data": {"count": count}}))["envs"]
 
@@ -85,12 +86,12 @@ class VectorEnv(Generic[ActT, ObsT, StateT]):
     "`num_envs` environments spread over one or more servers, stepped in batches."
     default_target: str | None = None  # what `from_local()` serves when not told
 
-    def __init__(self, urls = None, # server base URLs (environments are spread evenly), or an object whose `urls` list is read again on reconnect
+    def __init__(self, urls = None, # server URLs, or an object whose `urls` is reread on reconnect
                  num_envs: int = 1, # how many environments
-                 auto_reset: bool = False, # reset a finished environment on its next step (Gymnasium's next-step mode)
+                 auto_reset: bool = False, # reset a finished env on its next step (as Gymnasium)
                  message_timeout_s: float = 60.0, # limit on each batch reply
                  connect_timeout_s: float = 10.0, # limit on each connection
-                 providers: Sequence = (), # providers whose servers to start on `connect` (and stop on `close`)
+                 providers: Sequence = (), # their servers start on `connect`, stop on `close`
                  headers: dict | None = None, # more headers for each handshake
                  token: str | None = None, # the servers' bearer token; `None` reads `OPENENV_TOKEN`; `""` none
                 ):
@@ -136,7 +137,8 @@ async def connect(self: VectorEnv) -> VectorEnv:
     adopt_types(self)
     if self.providers:
         loop = asyncio.get_running_loop()
-        self._urls = list(await asyncio.gather(*[loop.run_in_executor(None, p.start) for p in self.providers]))
+        self._urls = list(await asyncio.gather(*[loop.run_in_executor(None, p.start)
+                                                 for p in self.providers]))
     links = [self._link(u) for u in self.urls]
     counts = spread(self.num_envs, len(links))
     try: ids = await asyncio.gather(*[l.open(c) for l, c in zip(links, counts)])
@@ -160,7 +162,7 @@ def _link(self: VectorEnv, url: str) -> _Link:
 def _episode_lost(i: int, # the environment's index
                   e: EnvConnectionError # how its connection was lost
                  ) -> EpisodeLost:
-    "The error of environment `i` whose connection was lost: it names the environment and says the episode is gone."
+    "The error of environment `i` whose connection was lost: it says the episode is gone."
     err = EpisodeLost(f"Environment {i} lost its episode: {e}")
     err.__cause__ = e
     return err
@@ -169,7 +171,7 @@ def _episode_lost(i: int, # the environment's index
 @patch
 def _groups(self: VectorEnv, envs: list[int] # environment indices
            ) -> dict[int, list[int] | range]:
-    "The positions in `envs` of each link's environments (ranges when they are contiguous, as for all of them in order), remembered per `envs`."
+    "The positions in `envs` of each link's environments (ranges where contiguous), remembered."
     if (known := self._spans.get(key := tuple(envs))) is not None: return known
     by_link: dict[int, list[int]] = {}
     for n, i in enumerate(envs): by_link.setdefault(self._where[i][0], []).append(n)
@@ -185,7 +187,8 @@ async def _send(self: VectorEnv, ops: list[tuple[int, dict]]) -> list[dict | Exc
     out: list = [None] * len(ops)
     async def run(k, ns):
         try:
-            res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]} for n in ns])
+            res = await self._links[k].run([{**ops[n][1], "env": self._where[ops[n][0]][1]}
+                                            for n in ns])
         except EnvConnectionError as e: res = [_episode_lost(ops[n][0], e) for n in ns]
         except (TimeoutError, EnvServerError) as e: res = [e] * len(ns)
         for n, r in zip(ns, res): out[n] = r
@@ -225,7 +228,7 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
                         resets: list[bool] | None = None, # per environment: reset it instead of stepping it
                         lost: dict[int, Exception] | None = None # links that could not be reached again, and why
                        ) -> list[list]:
-    "The results of `envs` as four columns (observations as sent, rewards, dones, errors): one frame to each server, all at once."
+    "`envs`' observations (as sent), rewards, dones and errors: one frame per server, at once."
     out = [[None] * len(envs), [None] * len(envs), [False] * len(envs), [None] * len(envs)]
     async def run(k, ns):
         ids = [self._where[envs[n]][1] for n in ns]
@@ -245,7 +248,7 @@ async def _send_columns(self: VectorEnv, kind: str, # `"batch.step"` or `"batch.
 @patch
 def _typed(self: VectorEnv, obs: list, # observations as sent (`None` for an error)
            rewards: list, dones: list) -> list:
-    "The observations as the observation class, reward and done included (dicts when there is no class; `None` stays)."
+    "The observations as the observation class, with reward and done (else dicts; `None` stays)."
     if self.observation_type is None: return obs
     at = [n for n, o in enumerate(obs) if o is not None]
     out = [None] * len(obs)
@@ -285,12 +288,13 @@ async def _reopen(self: VectorEnv, links: set[int]) -> dict[int, Exception]:
         except (EnvConnectionError, EnvServerError, TimeoutError, OpenEnvError) as e: return e
         for n, i in zip(mine, ids): self._where[n] = (k, i)
     ks = list(links)
-    return {k: e for k, e in zip(ks, await asyncio.gather(*[again(k) for k in ks])) if e is not None}
+    return {k: e for k, e in zip(ks, await asyncio.gather(*[again(k) for k in ks]))
+            if e is not None}
 
 # %% ../nbs/09_vector.ipynb #9a570097
 @patch
 @autosync
-async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # an int (environment `i` gets `seed + i`) or one per environment
+async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # env `i` gets `seed + i`; or a list
                 envs: Sequence[int] | None = None, # which environments (default: all)
                 **kwargs # passed to every environment's `reset`
                ) -> VectorResult[ObsT]:
@@ -299,7 +303,8 @@ async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # an i
     envs = self._which(envs)
     lost = await self._reopen({self._where[i][0] for i in envs})
     seeds = _seeds(seed, len(envs))
-    cols = await self._send_columns("batch.reset", envs, {"seeds": seeds} if any(s is not None for s in seeds) else {},
+    cols = await self._send_columns("batch.reset", envs, {"seeds": seeds}
+                                    if any(s is not None for s in seeds) else {},
                                     {"kwargs": kwargs} if kwargs else None, lost=lost)
     r = VectorResult(envs, self._typed(*cols[:3]), *cols[1:], [True] * len(envs))
     for i, e in zip(envs, r.errors):
@@ -317,7 +322,7 @@ def _step_payload(self: VectorEnv, action) -> dict:
 def _payloads(self: VectorEnv, actions: Sequence, # one action per environment
               skip: list[bool] # per action: not sent (`None` in its place)
              ) -> list:
-    "The wire form of each action (as `_step_payload` makes it): all at once when all are dicts or all of the action class."
+    "Each action's wire form (see `_step_payload`): at once when all are dicts or all of the class."
     cls, kinds = self.action_type, {type(a) for a in actions}
     if kinds <= {dict} and cls is None: out = list(actions)  # nothing to check, nothing to convert
     elif kinds <= {dict, cls} and cls is not None:
@@ -390,7 +395,8 @@ def from_local(cls: VectorEnv, target: str | None = None, # `"echo"`, `"module:f
     if target is None: raise ValueError(f"{cls.__name__}.from_local needs a target, e.g. 'echo'")
     servers = max(1, min(servers or os.cpu_count() or 1, num_envs))
     per = max(spread(num_envs, servers))
-    return cls(num_envs=num_envs, providers=[LocalProcessProvider(target, max_sessions=per) for _ in range(servers)], **kwargs)
+    return cls(num_envs=num_envs, providers=[LocalProcessProvider(target, max_sessions=per)
+                                             for _ in range(servers)], **kwargs)
 
 # %% ../nbs/09_vector.ipynb #07f4405f
 @dataclass
@@ -439,7 +445,8 @@ async def rollout(self: VectorEnv, policy: Callable, # observations of the runni
     "Run `policy` on every environment until done or `max_steps`; the trajectories."
     t0 = time.perf_counter()
     first = await self.reset(seed=seed)
-    trajs = [Trajectory(observations=[o], error=e) for o, e in zip(first.observations, first.errors)]
+    trajs = [Trajectory(observations=[o], error=e)
+             for o, e in zip(first.observations, first.errors)]
     running, steps = [i for i, t in enumerate(trajs) if t.error is None], 0
     for _ in range(max_steps):
         if not running: break
@@ -448,10 +455,12 @@ async def rollout(self: VectorEnv, policy: Callable, # observations of the runni
         ts = time.perf_counter()
         r = await self.step(list(actions), envs=running)
         dt = time.perf_counter() - ts
-        for i, a, o, rew, d, e in zip(running, actions, r.observations, r.rewards, r.dones, r.errors):
+        for i, a, o, rew, d, e in zip(running, actions, r.observations, r.rewards, r.dones,
+                                      r.errors):
             t = trajs[i]
             if e is not None: t.error = e; continue
-            t.actions.append(a); t.observations.append(o); t.rewards.append(rew); t.dones.append(d); t.step_seconds.append(dt)
+            t.actions.append(a); t.observations.append(o); t.rewards.append(rew)
+            t.dones.append(d); t.step_seconds.append(dt)
             steps += 1
         running = [i for i in running if trajs[i].error is None and not trajs[i].dones[-1]]
     return Rollout(trajs, time.perf_counter() - t0, steps)
@@ -459,7 +468,7 @@ async def rollout(self: VectorEnv, policy: Callable, # observations of the runni
 # %% ../nbs/09_vector.ipynb #c9fbd32d
 @sync_twin(VectorEnv, "connect", "reset", "step", "states", "rollout", "close", attr="async_env")
 class SyncVectorEnv:
-    "Blocking twin of a `VectorEnv` (made by `sync_twin`, as `SyncEnvClient` is): the same calls, without `await`."
+    "Blocking twin of a `VectorEnv` (by `sync_twin`): the same calls, without `await`."
     def __len__(self): return len(self.async_env)
 
 # %% ../nbs/09_vector.ipynb #8f5698d2

@@ -95,7 +95,8 @@ def _shown(args) -> dict:
 def _marks(envelope: dict # a reply's envelope, metadata included
           ) -> dict:
     "What the page draws specially in an entry: the names of the observation's image fields, and the rubric's scores."
-    return {"images": list(image_fields(envelope.get("observation"))), "rubric": reward_parts(envelope.get("metadata"))}
+    return {"images": list(image_fields(envelope.get("observation"))),
+            "rubric": reward_parts(envelope.get("metadata"))}
 
 # %% ../nbs/05_web.ipynb #e031627f
 @patch_to(WebEpisode)
@@ -109,16 +110,14 @@ def record(self, kind: str, # `"reset"` or `"step"`
     if kind == "reset": self.history.clear(); self.began = True
     self.n += 1
     self.episode = {"episode_id": st.get("episode_id"), "step_count": st.get("step_count")}
-    entry = {"n": self.n, "kind": kind, "step": st.get("step_count"), "time": time.time(), "action": action, **envelope, **_marks(envelope)}
+    entry = {"n": self.n, "kind": kind, "step": st.get("step_count"), "time": time.time(),
+             "action": action, **envelope, **_marks(envelope)}
     self.history.append(entry)
     return entry
 
-# %% ../nbs/05_web.ipynb #e6c6441e
-SEND_TIMEOUT = 5.0
-
 # %% ../nbs/05_web.ipynb #afdcc642
 def _describe(hub: Hub) -> tuple[str, str]:
-    "The environment's name and one line about it, without making an instance (what a page shows until it knows better)."
+    "The environment's name and a line about it, without an instance (shown until the page knows more)."
     if hub.metadata is not None: return hub.metadata.name, hub.metadata.description
     f = hub.factory
     doc = ((f.__doc__ if isinstance(f, type) else None) or "").strip().splitlines()
@@ -128,7 +127,8 @@ def _describe(hub: Hub) -> tuple[str, str]:
 def _tool_forms(tools: list # tools as listed, in any shape `forms.tool_spec` reads
                ) -> list[dict]:
     "The tools as the page shows them: each one's name, description and form fields (from its input schema)."
-    return [{"name": n, "description": tool_spec(t)["description"], "fields": f} for t, (n, f) in zip(tools, tool_forms(tools))]
+    return [{"name": n, "description": tool_spec(t)["description"], "fields": f}
+            for t, (n, f) in zip(tools, tool_forms(tools))]
 
 # %% ../nbs/05_web.ipynb #93fa016b
 @patch_to(WebEpisode)
@@ -154,10 +154,14 @@ def snapshot(self, notice: str | None = None # one line for the page to show (it
     name, description = _describe(self.hub)
     about = self.about or {"name": name, "description": description, "tools": []}
     return {"type": "snapshot", "data": {
-        **about, "tool_env": self.tool_env, "fields": self.fields, "reset_fields": self.reset_fields,
+        **about, "tool_env": self.tool_env, "fields": self.fields,
+        "reset_fields": self.reset_fields,
         "history": list(reversed(self.history)), "episode": self.episode,
         "max_history": self.max_history, "pages": len(self.pages), "room": self.id,
         "began": self.began, "notice": notice}}
+
+# %% ../nbs/05_web.ipynb #e6c6441e
+SEND_TIMEOUT = 5.0
 
 # %% ../nbs/05_web.ipynb #70c74f02
 @patch_to(WebEpisode)
@@ -190,15 +194,18 @@ async def join(self, ws: WebSocket, # the page's socket
     self.pages[ws] = asyncio.Lock()
     await self.send(ws, self.snapshot(notice))
     await self.broadcast({"type": "pages", "data": {"count": len(self.pages)}})
-    if self.about is None:  # the form shows at once; the name and tools follow once the environment says them
-        with contextlib.suppress(Exception): await self.learn()  # a factory that fails says so at the first reset
+    # the form shows at once; the name and tools follow once the environment says them
+    if self.about is None:
+        # a factory that fails says so at the first reset
+        with contextlib.suppress(Exception): await self.learn()
         if self.about is not None: await self.send(ws, self.snapshot(notice))
 
 # %% ../nbs/05_web.ipynb #566bed7f
 @patch_to(WebEpisode)
 async def leave(self, ws: WebSocket):
     "Forget the page on `ws` and tell the others."
-    if self.pages.pop(ws, None) is not None: await self.broadcast({"type": "pages", "data": {"count": len(self.pages)}})
+    if self.pages.pop(ws, None) is not None:
+        await self.broadcast({"type": "pages", "data": {"count": len(self.pages)}})
 
 # %% ../nbs/05_web.ipynb #878649ed
 @patch_to(WebEpisode)
@@ -290,7 +297,8 @@ async def call(self, kind: str, # a kind of call (see `actions.KINDS`)
         frame = await act(self.hub, self.environment, kind, data, **extra)
         if frame["type"] == "observation":
             entry = self.record(kind, _shown(KINDS[kind].check(self.hub, data)), frame["data"])
-            await self.broadcast({"type": "update", "data": {"entry": entry, "episode": self.episode}})
+            await self.broadcast({"type": "update",
+                                  "data": {"entry": entry, "episode": self.episode}})
     return frame
 
 # %% ../nbs/05_web.ipynb #885efdf9
@@ -307,11 +315,13 @@ async def handle(self, text: str | None # the frame's text; `None` for a binary 
     return await reply(text, self.hub.max_message_size, self.answer)
 
 # %% ../nbs/05_web.ipynb #7c33a16a
-IDLE_CLOSE = 4000  # the close code of a page let go for silence: its script reconnects only when a person uses it
+# the close code of a page let go for silence: its script reconnects only when a person uses it
+IDLE_CLOSE = 4000
 
 def _idle(hub: Hub) -> dict:
     "The frame that tells a page it was silent too long."
-    return error_frame(ErrorCode.SESSION_ERROR, f"Page closed after {hub.session_timeout:g} s without a message; "
+    return error_frame(ErrorCode.SESSION_ERROR,
+                       f"Page closed after {hub.session_timeout:g} s without a message; "
                        "it reconnects when you use it")
 
 # %% ../nbs/05_web.ipynb #e7cb26d2
@@ -335,7 +345,8 @@ async def ui_endpoint(ws: WebSocket):
             with contextlib.suppress(Exception): await ws.close()
 
 # %% ../nbs/05_web.ipynb #76f4f756
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src "
+       "'self'; "
        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
 
 # %% ../nbs/05_web.ipynb #fa29c7ae
@@ -356,7 +367,8 @@ def page_html(auth: bool = False # the server requires a token: the page asks fo
 # %% ../nbs/05_web.ipynb #3a107459
 def add_page_route(app: FastAPI, html: str):
     "Serve the page `html` at `/web` and `/web/`, and send `/` there."
-    headers = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    headers = {"Content-Security-Policy": CSP, "Cache-Control": "no-store",
+               "X-Content-Type-Options": "nosniff"}
     @app.get("/web", include_in_schema=False)
     @app.get("/web/", include_in_schema=False)
     async def page(): return HTMLResponse(html, headers=headers)
@@ -366,14 +378,16 @@ def add_page_route(app: FastAPI, html: str):
 # %% ../nbs/05_web.ipynb #e13dfff7
 def add_web_routes(app: FastAPI, web: WebEpisode):
     "Register the routes of the `http` room `web`: `/web/metadata`, `reset`, `step` and `state`."
-    @app.get("/web/metadata", tags=["Web Interface"], summary="About this environment (as `/metadata`)")
+    @app.get("/web/metadata", tags=["Web Interface"],
+             summary="About this environment (as `/metadata`)")
     async def web_metadata():
         if web.hub.metadata is not None: return web.hub.metadata
         return JSONResponse(*http_reply(await web.call("metadata", {})))
     @app.post("/web/reset", tags=["Web Interface"], summary="Reset the routes' episode",
               **ENVELOPE)
     async def web_reset(body: ResetRequest = Body(default_factory=ResetRequest)):
-        return JSONResponse(*http_reply(await web.call("reset", body.model_dump(exclude_unset=True))))
+        return JSONResponse(*http_reply(await web.call("reset",
+                                                       body.model_dump(exclude_unset=True))))
     @app.post("/web/step", tags=["Web Interface"], summary="Step the routes' episode",
               **ENVELOPE)
     async def web_step(body: StepRequest):
