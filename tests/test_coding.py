@@ -235,7 +235,7 @@ HOSTILE = [  # name, code, exit code, limit, words in stderr (or stdout for the 
     ("open a socket", "import socket\nsocket.socket().connect(('127.0.0.1', 80))", 1, None, "Import of socket is not allowed"),
     ("object internals", "().__class__.__bases__[0].__subclasses__()", 1, None, "Forbidden access to dunder attribute"),
     ("a function's globals", "getattr(print, '__glob' + 'als__')", 1, None, "Forbidden access to dunder attribute: __globals__"),
-    ("a module's os", "import random\nrandom._os.system('id')", 1, None, "Forbidden access to module: os"),
+    ("a module's os", "import random\nrandom._os.system('id')", 1, None, "has no attribute '_os'"),
     ("the import guard", "import builtins\nbuiltins.__import__('os')", 1, None, "Import of builtins is not allowed"),
     ("frames", "import statistics\nstatistics.sys._getframe()", 1, None, "Forbidden access to module: sys"),
     ("format reaches globals", "import random\n'{0.__globals__[_os].environ}'.format(random.randint)", 1, None, "'__globals__' in a format string"),
