@@ -365,7 +365,8 @@ def test_a_task_is_scored_by_its_rubric_over_ws(url):
                 out.append(json.loads(await ws.recv()))
             return out
     _, wrong, right, _, plain = [f["data"] for f in asyncio.run(play())]
-    assert wrong["metadata"]["tests"] == {"passed": 1, "total": 2, "ran": 2} and wrong["metadata"]["rubric"] == SCORES, wrong
+    assert wrong["metadata"]["tests"] == {"passed": 1, "total": 2, "ran": 2}, wrong
+    assert wrong["metadata"]["rubric"] == SCORES, wrong
     assert wrong["reward"] == pytest.approx(0.1 + 0.5)
     assert right["metadata"]["rubric"] == {"total": 1.0, "no_exception": 1.0, "tests_passed": 1.0, "output_matches": 1.0}
     assert right["reward"] == pytest.approx(1.1)
@@ -377,7 +378,8 @@ def test_a_task_in_the_action_is_scored_over_http(url):
     """An HTTP step is an episode of its own, so its task comes in the action's metadata; typed and raw clients see the components."""
     with CodingHTTPEnv(url) as http:
         r = http.step(CodeAction(code=ADD, metadata=TASK))
-    assert r.metadata["rubric"] == SCORES and r.metadata["tests"] == {"passed": 1, "total": 2, "ran": 2}, r.metadata
+    assert r.metadata["rubric"] == SCORES, r.metadata
+    assert r.metadata["tests"] == {"passed": 1, "total": 2, "ran": 2}, r.metadata
     assert r.reward == pytest.approx(0.1 + 0.5)
     body = requests.post(url + "/step", json={"action": {"code": "print(4)", "metadata": {"expected_stdout": "4"}}},
                          headers={"x-openenv-extensions": "metadata"}, timeout=30).json()
@@ -387,12 +389,13 @@ def test_a_task_in_the_action_is_scored_over_http(url):
 
 
 
-# ---------------------------------------------------------------- one deadline per step (code and tests)
+# ---------------------------------------------------------------- one deadline per step
 
 def _frames(url, *frames):
     """Send `frames` on one connection (metadata announced); the reply frames."""
     async def go():
-        async with connect(ws_url(url), additional_headers={"x-openenv-extensions": "metadata"}, max_size=None) as ws:
+        h = {"x-openenv-extensions": "metadata"}
+        async with connect(ws_url(url), additional_headers=h, max_size=None) as ws:
             out = []
             for f in frames:
                 await ws.send(json.dumps(f))
@@ -402,8 +405,8 @@ def _frames(url, *frames):
 
 
 def _stopped_by_deadline(meta: dict, total: int, limit_s: float = LIMITS["timeout_s"]):
-    """The step says the deadline stopped it, how many of `total` tests ran, and, by the server's monotonic clock,
-    that it ended within its limit and a second."""
+    """The step says the deadline stopped it, how many of `total` tests ran, and, by the server's
+    monotonic clock, that it ended within its limit and a second."""
     d, t = meta["deadline"], meta["tests"]
     assert meta["limit"] == "timeout" and d["timeout_s"] == limit_s, meta
     assert d["elapsed_s"] <= d["timeout_s"] + 1, meta
@@ -414,7 +417,8 @@ SLEEPY = ["import time\ntime.sleep(1)"] * 12  # 12 s of tests against a 3 s limi
 DEADLINE_CASES = {  # how the tests come, and the code of the step
     "in the action": (None, {"code": "x = 1", "metadata": {"tests": SLEEPY}}),
     "at reset": ({"tests": SLEEPY}, {"code": "x = 1"}),
-    "slow code, then tests": (None, {"code": "import time\ntime.sleep(2.5)", "metadata": {"tests": SLEEPY}}),
+    "slow code, then tests": (None, {"code": "import time\ntime.sleep(2.5)",
+                                     "metadata": {"tests": SLEEPY}}),
     "tests that spin in C": ({"tests": ["sum(range(10**12))"] * 5}, {"code": "x = 1"}),
     "tests that loop": (None, {"code": "x = 1", "metadata": {"tests": ["while True: pass"] * 6}}),
 }
@@ -422,7 +426,7 @@ DEADLINE_CASES = {  # how the tests come, and the code of the step
 
 @pytest.mark.parametrize("name", list(DEADLINE_CASES))
 def test_code_and_tests_share_one_deadline(url, name):
-    """However many slow tests a step carries, from its action or its reset, the step ends within its limit."""
+    """However many slow tests a step carries, from its action or its reset, it ends in time."""
     reset, step = DEADLINE_CASES[name]
     total = len((reset or step.get("metadata", {}))["tests"])
     _, obs = _frames(url, {"type": "reset", "data": reset or {}}, {"type": "step", "data": step})
@@ -433,21 +437,22 @@ def test_code_and_tests_share_one_deadline(url, name):
 
 def test_a_shorter_step_timeout_bounds_its_tests_over_http(url):
     """HTTP's `timeout_s` shortens the one deadline the code and its tests share."""
-    r = requests.post(url + "/step", json={"action": {"code": "import time", "metadata": {
-        "tests": ["time.sleep(0.4)"] * 8}}, "timeout_s": 1}, headers={"x-openenv-extensions": "metadata"},
-        timeout=30).json()
+    action = {"code": "import time", "metadata": {"tests": ["time.sleep(0.4)"] * 8}}
+    r = requests.post(url + "/step", json={"action": action, "timeout_s": 1},
+                      headers={"x-openenv-extensions": "metadata"}, timeout=30).json()
     _stopped_by_deadline(r["metadata"], 8, limit_s=1)
 
 
 def test_a_task_holds_at_most_max_tests(url):
     """Past `MAX_TESTS`, a task is refused with an error that says so; the session goes on."""
     from openenv_nb.envs.coding import MAX_TESTS
+    many = {"tests": ["1"] * (MAX_TESTS + 1)}
     _, err, ok = _frames(url, {"type": "reset", "data": {}},
-                         {"type": "step", "data": {"code": "1", "metadata": {"tests": ["1"] * (MAX_TESTS + 1)}}},
+                         {"type": "step", "data": {"code": "1", "metadata": many}},
                          {"type": "step", "data": {"code": "2"}})
     assert err["type"] == "error" and f"at most {MAX_TESTS}" in json.dumps(err), err
     assert ok["type"] == "observation" and ok["data"]["observation"]["stdout"] == "2", ok
-    err, ok = _frames(url, {"type": "reset", "data": {"tests": ["1"] * (MAX_TESTS + 1)}},
+    err, ok = _frames(url, {"type": "reset", "data": many},
                       {"type": "step", "data": {"code": "1"}})
     assert err["type"] == "error" and f"at most {MAX_TESTS}" in json.dumps(err), err
 
@@ -455,30 +460,35 @@ def test_a_task_holds_at_most_max_tests(url):
 # ---------------------------------------------------------------- Landlock wherever Python lives
 
 def test_landlock_holds_for_a_server_in_a_venv_under_the_temporary_folder(tmp_path):
-    """A server whose Python environment lives under the host's tmp (a venv there, as CI has) keeps Landlock: the
-    worker's private tmpfs on /tmp shows that environment again before the rules are made."""
+    """A server whose Python environment lives under the host's tmp (a venv there, as CI has) keeps
+    Landlock: the worker's private tmpfs on /tmp shows that environment again before the rules are
+    made."""
     from openenv_nb.sandbox.linux import landlock_abi
     need("sandbox", landlock_abi() > 0, "this kernel has no Landlock")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    venv_args = ["--without-pip", "--system-site-packages", str(venv)]
+    subprocess.run([sys.executable, "-m", "venv", *venv_args], check=True)
     py = str(venv / "bin" / "python")
-    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], check=True,
-                             capture_output=True, text=True).stdout.strip()
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run([py, "-c", where], check=True, capture_output=True, text=True)
+    purelib = purelib.stdout.strip()
     assert purelib.startswith(str(tmp_path)), purelib
     # this environment's packages and the project, seen from the venv
     pth = [p for p in sys.path if p.endswith("site-packages")] + [str(HERE.parent)]
-    (tmp_path / "venv" / os.path.relpath(purelib, venv) / "openenv_dev.pth").write_text("\n".join(pth) + "\n")
+    (venv / os.path.relpath(purelib, venv) / "openenv_dev.pth").write_text("\n".join(pth) + "\n")
     p = LocalProcessProvider("coding", max_sessions=2, env_vars={"PYTHONPATH": str(HERE)})
     p.command = lambda: [py, *LocalProcessProvider.command(p)[1:]]
     p.start()
     try:
         h = {"x-openenv-extensions": "metadata"}
-        meta = requests.post(p.base_url + "/reset", json={}, headers=h, timeout=60).json()["metadata"]
+        meta = requests.post(p.base_url + "/reset", json={}, headers=h, timeout=60).json()
+        meta = meta["metadata"]
         ll = meta["sandbox"]["landlock"]
         assert ll["status"] == "held", meta["sandbox"]
-        r = requests.post(p.base_url + "/step", json={"action": {"code": "import json\njson.dumps([1])"}},
-                          headers=h, timeout=60).json()
-        assert r["observation"]["stdout"] == '"[1]"' and r["metadata"]["sandbox"]["landlock"]["status"] == "held", r
+        step = {"action": {"code": "import json\njson.dumps([1])"}}
+        r = requests.post(p.base_url + "/step", json=step, headers=h, timeout=60).json()
+        assert r["observation"]["stdout"] == '"[1]"', r
+        assert r["metadata"]["sandbox"]["landlock"]["status"] == "held", r
     finally: p.stop()
 
 # ---------------------------------------------------------------- the OS layers alone (no interpreter layer)
