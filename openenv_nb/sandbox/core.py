@@ -166,17 +166,30 @@ def _accept(self: Sandbox, w: Worker) -> Worker:
 
 # %% ../../nbs/08_sandbox/06_core.ipynb #da5b76d9
 @patch
+def limit_s(self: Sandbox, timeout_s: float | None = None # a step's ask: may shorten, never lengthen
+           ) -> float:
+    "The wall-clock limit of a step that asks for `timeout_s`: `config.timeout_s`, or less."
+    cfg = self.config.timeout_s
+    return min(timeout_s, cfg) if timeout_s and timeout_s > 0 else cfg
+
+@patch
 def run(self: Sandbox, code: str, # Python source
         # wall-clock limit: may shorten `config.timeout_s`, never lengthen it
-        timeout_s: float | None = None
+        timeout_s: float | None = None,
+        # a `time.monotonic()` time the run may not pass: what is left of its step's limit
+        deadline: float | None = None
        ) -> RunResult:
     "Run `code` in the worker (starting one if there is none) and say what happened."
     if not isinstance(code, str): raise TypeError(f"code must be a str, not {type(code).__name__}")
+    limit_s, now = self.limit_s(timeout_s), time.monotonic()
+    if deadline is not None and deadline - now < limit_s: limit_s = deadline - now
+    if limit_s <= 0:
+        return RunResult("", "TimeoutError: no time was left of the step's wall-clock limit; "
+                         "not run\n", EXIT_TIMEOUT, limit="timeout")
     if self.worker is None: self.start()
-    limit_s = min(timeout_s, self.config.timeout_s) if timeout_s and timeout_s > 0 else self.config.timeout_s
-    deadline, sock = time.monotonic() + limit_s, self.worker.sock
+    deadline, sock = now + limit_s, self.worker.sock
     try:
-        sock.settimeout(limit_s)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         msg = {"op": "run", "code": code}
         if self._seed is not None: msg["seed"], self._seed = self._seed, None
         send_msg(sock, msg)
@@ -184,7 +197,7 @@ def run(self: Sandbox, code: str, # Python source
     except TimeoutError:
         return self._lost("timeout", EXIT_TIMEOUT,
                           "TimeoutError: the code ran past its wall-clock "
-                          f"limit of {limit_s:g} s; the worker was killed")
+                          f"limit of {limit_s:.3g} s; the worker was killed")
     except ProtocolError as e:
         return self._lost("protocol", 1,
                           f"SandboxError: the worker broke the protocol ({e}); it was killed")

@@ -30,7 +30,8 @@ from fastcore.basics import patch
 
 from .config import *
 from .linux import *
-from .linux import (CLONE_NEWNS, CLONE_NEWPID, MS_BIND, MS_NODEV, MS_NOSUID,
+from .linux import (CLONE_NEWNS, CLONE_NEWPID, MS_BIND, MS_MOVE, MS_NODEV,
+                                      MS_NOSUID, _bind_ro,
                                       PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _dumpable_layer,
                                       _ipc_layer,
                                       _landlock_layer, _landlock_rules, _libc, _limits_layer,
@@ -283,7 +284,7 @@ def keep_only(self: ForkServer, fd: int # the worker's socket
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #cbfda45a
 @patch
 def private_tmp(self: ForkServer, cfg: SandboxConfig, uid: int | None) -> LayerState:
-    "Mount a tmpfs of `cfg.tmp_mb` of this worker's own on `/tmp`, and part of it on `/dev/shm`, where there is a root; the tmp layer."
+    "Mount a tmpfs of `cfg.tmp_mb` of this worker's own on `/tmp`, and part of it on `/dev/shm`, where there is a root, with what the root holds under `/tmp` bound in it again; the tmp layer."
     if self.filesystem.status is not Status.held:
         why = "no root (chroot=False)" if self.filesystem.status is Status.off else "no mounts here"
         return LayerState(Status.off if self.filesystem.status is Status.off else Status.refused,
@@ -291,7 +292,12 @@ def private_tmp(self: ForkServer, cfg: SandboxConfig, uid: int | None) -> LayerS
                           f"removed with it; no size cap ({why})")
     unshare(CLONE_NEWNS)
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    _ok(_libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.tmp_mb}m,mode=0700{owner}".encode()), "tmpfs on /tmp")
+    # made on /dev/shm, where it hides nothing, then moved onto /tmp
+    _ok(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
+                    f"size={cfg.tmp_mb}m,mode=0700{owner}".encode()), "tmpfs")
+    # the Python installation under the host's tmp (a venv in /tmp): seen again, read-only
+    for p in (p for p in self.read if p.startswith("/tmp/")): _bind_ro(p, "", "/dev/shm" + p[4:])
+    _ok(_libc.mount(b"/dev/shm", b"/tmp", None, MS_MOVE, None), "move the tmpfs onto /tmp")
     os.mkdir("/tmp/.shm", 0o700)
     if uid is not None: os.chown("/tmp/.shm", uid, uid)
     _ok(_libc.mount(b"/tmp/.shm", b"/dev/shm", None, MS_BIND, None), "bind /dev/shm")

@@ -400,6 +400,7 @@ MS_NOEXEC = 8
 MS_REMOUNT = 32  # change the flags of an existing mount
 MS_NOATIME, MS_NODIRATIME = 1 << 10, 1 << 11
 MS_BIND = 1 << 12  # show a file or a directory at another place too
+MS_MOVE = 1 << 13  # move a mount, with what is mounted beneath it
 MS_REC = 1 << 14  # with `MS_BIND` or `MS_PRIVATE`: the whole subtree
 MS_PRIVATE = 1 << 18  # mount events do not travel to or from other namespaces
 MS_RELATIME = 1 << 21
@@ -411,9 +412,9 @@ _ST_FLAGS = {os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC, os.ST_NOSUID: MS_NO
              os.ST_NOATIME: MS_NOATIME,
              os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
 
-def _bind_ro(src: str, root: str):
-    "Bind `src` read-only at the same path under `root`, keeping the flags a user namespace locks."
-    dst = root + src
+def _bind_ro(src: str, root: str, dst: str | None = None):
+    "Bind `src` read-only at `dst` (the same path under `root`), keeping the flags a user namespace locks."
+    dst = dst or root + src
     if os.path.isdir(src): os.makedirs(dst, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
