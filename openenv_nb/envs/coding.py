@@ -129,9 +129,12 @@ class CodeTask(BaseModel):
     "What a step must do: tests to pass, output to print."
     model_config = ConfigDict(extra="forbid")
     tests: list[str] = Field(default_factory=list, max_length=MAX_TESTS,
-                             description="Python source, each passing when it runs without raising, "
+                             description="Python source, each passing when it runs without "
+                                         "raising, "
                              "e.g. `assert add(2, 3) == 5`; at most `MAX_TESTS`")
-    expected_stdout: str | None = Field(default=None, description="What the code must print, compared with `stdout` (both stripped)")
+    expected_stdout: str | None = Field(default=None,
+                                        description="What the code must print, compared with "
+                                                    "`stdout` (both stripped)")
 
 # %% ../../nbs/envs/coding.ipynb #5c6e0a1f
 # what a task gives, in `reset`'s arguments or an action's `metadata`
@@ -219,7 +222,8 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
               **kwargs) -> CodeObservation:
         "Start a new episode in a fresh worker, with a task when one is given: nothing of the previous one survives."
         self.task, self.rubric = step_task({k: v for k, v in dict(tests=tests, expected_stdout=expected_stdout).items() if v is not None}), None
-        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0, last_exit_code=0)
+        self._state = CodeState(episode_id=episode_id or str(uuid4()), step_count=0,
+                                last_exit_code=0)
         layers = self.sandbox.start(seed=seed)
         return self._apply_transform(CodeObservation(metadata=self._flag({"status": "ready", "sandbox": layers.to_json()})))
 
@@ -238,7 +242,8 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         if task is not None and task.tests: self._run_tests(task.tests, meta, start + limit)
         if meta.get("limit") == "timeout":
             meta["deadline"] = {"timeout_s": limit, "elapsed_s": round(time.monotonic() - start, 3)}
-        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code, metadata=meta))
+        obs = self._apply_transform(CodeObservation(stdout=r.stdout, stderr=r.stderr,
+                                                    exit_code=r.exit_code, metadata=meta))
         return self._score(action, obs, task)
 
     @property
@@ -265,7 +270,8 @@ def _run_tests(self: CodingEnvironment, tests: list[str], # the step's tests
         if deadline is not None and time.monotonic() >= deadline: break
         runs.append(r := self.sandbox.run(t, deadline=deadline))
         if r.limit == "timeout": break
-    meta["tests"] = {"passed": sum(r.exit_code == 0 for r in runs), "total": len(tests), "ran": len(runs)}
+    meta["tests"] = {"passed": sum(r.exit_code == 0 for r in runs), "total": len(tests),
+                     "ran": len(runs)}
     if len(runs) < len(tests) or any(r.limit == "timeout" for r in runs): meta["limit"] = "timeout"
     if any(r.state_lost for r in runs): meta["state_lost"] = True
     return meta

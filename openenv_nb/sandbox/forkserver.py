@@ -115,7 +115,8 @@ def _zsend(sock: socket.socket, obj: dict, fds=()):
 # %% ../../nbs/08_sandbox/04_forkserver.ipynb #fb3271ce
 def _zrecv(sock: socket.socket, maxfds: int = 0) -> tuple[dict, list]:
     "The next packet on `sock`, and up to `maxfds` descriptors that came with it; `EOFError` when it closed."
-    data, fds, flags, _ = socket.recv_fds(sock, _PACKET, maxfds) if maxfds else (sock.recv(_PACKET), [], 0, None)
+    data, fds, flags, _ = socket.recv_fds(sock, _PACKET,
+                                          maxfds) if maxfds else (sock.recv(_PACKET), [], 0, None)
     if not data: raise EOFError("the fork server's socket closed")
     return json.loads(data), fds
 
@@ -350,7 +351,9 @@ def confine(self: ForkServer, cfg: SandboxConfig, seed, slot: int, home: str, ba
     layers = Layers({Layer.process: LayerState(Status.held,
                                                f"own process (pid {host}), forked from the fork "
                                                f"server (pid {self.host_pid})",
-                                               {"pid": host, "ns_pid": me, "fork_server": self.host_pid}), Layer.pid: self.pidns})
+                                               {"pid": host, "ns_pid": me,
+                                                "fork_server": self.host_pid}),
+                                                Layer.pid: self.pidns})
     layers[Layer.network] = _network_layer(cfg)
     layers[Layer.ipc] = _ipc_layer()
     uid = cfg.uid_base + slot if self.switch_uid and cfg.drop_user else None

@@ -218,7 +218,8 @@ def _guard_format(fn):
     return guarded
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #f767842c
-# what no module offered to user code holds (`OFFERED`), refused also as values wherever they turn up
+# what no module offered to user code holds (`OFFERED`), refused also as values wherever they turn
+# up
 _WITHHELD = (functools.singledispatch, functools.singledispatchmethod, functools.update_wrapper,
              functools.wraps, string.Formatter,
              *(v for v in vars(string.Formatter).values() if callable(v)))
@@ -229,7 +230,8 @@ def _refuse(v):
     if isinstance(v, _INTERNALS):
         raise InterpreterError(f"Forbidden access to a {type(v).__name__} object")
     if id(v) in _WITHHELD_IDS or isinstance(v, string.Formatter):
-        raise InterpreterError(f"Forbidden access to {getattr(v, '__qualname__', type(v).__name__)}: "
+        raise InterpreterError("Forbidden access to "
+                               f"{getattr(v, '__qualname__', type(v).__name__)}: "
                                "withheld from user code")
     if _is_formatter(v):
         raise InterpreterError(f"Forbidden access to {v.__name__} as a value: call it directly, as "
@@ -247,7 +249,8 @@ def _refuse(v):
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #10d19daa
 class SafeFormatter:
     "`string.Formatter` for user code: the same methods, fields reach indexes and public attributes only."
-    def format(self, format_string, /, *args, **kwargs): return self.vformat(format_string, args, kwargs)
+    def format(self, format_string, /, *args,
+               **kwargs): return self.vformat(format_string, args, kwargs)
     def vformat(self, format_string, args, kwargs):
         "`format_string` with its fields replaced, as `string.Formatter.vformat` does."
         used = set()
@@ -341,7 +344,8 @@ def _checked(it: Iterator, check) -> Iterator:
         yield v
 
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #acb0a745
-# special methods a class body may define with `def`: they run through the interpreter like any function
+# special methods a class body may define with `def`: they run through the interpreter like any
+# function
 CLASS_DUNDERS = frozenset(f"__{n}__" for n in """init repr str format eq ne lt le gt ge hash bool len
     iter next reversed contains getitem setitem delitem missing call enter exit add sub mul matmul truediv
     floordiv mod divmod pow lshift rshift and or xor radd rsub rmul rmatmul rtruediv rfloordiv rmod rdivmod
@@ -426,7 +430,8 @@ def _guarded_call(evaluate_call, evaluate_ast, check):
             return evaluate_call(node, state, static_tools, custom_tools, authorized_imports)
         if isinstance(f, ast.Attribute):
             obj = ev(f.value)
-            if not hasattr(obj, f.attr): raise InterpreterError(f"Object {obj} has no attribute {f.attr}")
+            if not hasattr(obj, f.attr):
+                raise InterpreterError(f"Object {obj} has no attribute {f.attr}")
             fn = getattr(obj, f.attr)
             fn = _guard_format(fn) if _is_formatter(fn) else fn
         elif not named: fn = ev(f)
@@ -486,7 +491,8 @@ def _safe_setattr(obj, name, value):
 OFFERED = {"functools": ("cache", "cached_property", "cmp_to_key", "lru_cache", "partial",
                          "partialmethod", "reduce", "total_ordering"),
            "string": ("ascii_letters", "ascii_lowercase", "ascii_uppercase", "capwords", "digits",
-                      "hexdigits", "octdigits", "printable", "punctuation", "whitespace", "Template",
+                      "hexdigits", "octdigits", "printable", "punctuation", "whitespace",
+                      "Template",
                       "Formatter")}
 _STANDINS = {("string", "Formatter"): SafeFormatter}
 
@@ -501,7 +507,8 @@ def _offered_module(raw, authorized_imports=None, memo: dict | None = None):
         if k.startswith("_") or names is not None and k not in names: continue
         try: v = getattr(raw, k)
         except (ImportError, AttributeError): continue
-        setattr(m, k, _STANDINS.get((raw.__name__, k)) or _offered_module(v, authorized_imports, memo))
+        setattr(m, k, _STANDINS.get((raw.__name__, k))
+                or _offered_module(v, authorized_imports, memo))
     if isinstance(getattr(raw, "__all__", None), (list, tuple)):
         m.__all__ = [n for n in raw.__all__ if isinstance(n, str) and hasattr(m, n)]
     return m
@@ -531,7 +538,8 @@ class Interpreter:
         harden_smolagents()
         from smolagents.local_python_executor import LocalPythonExecutor, evaluate_ast
         kw = {"timeout_seconds": None} if "timeout_seconds" in inspect.signature(LocalPythonExecutor).parameters else {}
-        self.executor, self._eval = LocalPythonExecutor(list(authorized_imports), **kw), evaluate_ast
+        self.executor, self._eval = LocalPythonExecutor(list(authorized_imports),
+                                                        **kw), evaluate_ast
         self.executor.send_tools({"format_exc": traceback.format_exc,
                                   "safe_json_dumps": _safe_json_dumps})
         self.max_output = max_output
@@ -574,7 +582,8 @@ def run(self: ExecInterpreter, code: str # Python source
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try: exec(compile(code, "<code>", "exec"), self.ns)
         except BaseException as e: error = e
-    tb = "".join(traceback.format_exception(type(error), error, error.__traceback__.tb_next)) if error else ""
+    tb = "".join(traceback.format_exception(type(error), error,
+                                            error.__traceback__.tb_next)) if error else ""
     r = _result(out, None, None, code, None, self.max_output, str(err) + tb)
     if error is not None: r["exit_code"] = 1
     if isinstance(error, MemoryError): r["fatal"] = "memory"
@@ -583,4 +592,5 @@ def run(self: ExecInterpreter, code: str # Python source
 # %% ../../nbs/08_sandbox/03_interpreter.ipynb #c973b80d
 def make_interpreter(cfg: SandboxConfig) -> Interpreter | ExecInterpreter:
     "The interpreter `cfg.executor` names."
-    return (Interpreter if cfg.executor == "smolagents" else ExecInterpreter)(cfg.authorized_imports, cfg.max_output)
+    return (Interpreter if cfg.executor == "smolagents"
+            else ExecInterpreter)(cfg.authorized_imports, cfg.max_output)

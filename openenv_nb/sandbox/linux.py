@@ -92,7 +92,8 @@ def prctl(option: int, # a `PR_*` option
           arg: int = 0 # its argument
          ):
     "Linux `prctl(option, arg)`."
-    _ok(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)), f"prctl({option})")
+    _ok(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0)), f"prctl({option})")
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #15af4ad3
 def _dumpable_layer() -> LayerState:
@@ -523,12 +524,14 @@ def landlock_abi() -> int:
 # %% ../../nbs/08_sandbox/02_linux.ipynb #0a2028cd
 def _fs_rights(abi: int) -> int:
     "Every filesystem right that Landlock ABI `abi` knows: 13 in the first, then REFER (2), TRUNCATE (3), IOCTL_DEV (5)."
-    return (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    return (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3
+                                                           else 0) | (1 << 15 if abi >= 5 else 0)
 
 # %% ../../nbs/08_sandbox/02_linux.ipynb #e12a6dc8
 def _ruleset(abi: int) -> int:
     "A new ruleset handling every right of `abi`: files, TCP `bind` and `connect` (4), signal and socket scopes (6); its fd."
-    attr = struct.pack("<QQQ", _fs_rights(abi), 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
+    attr = struct.pack("<QQQ", _fs_rights(abi), 3 if abi >= 4 else 0, 3 if abi >= 6
+                       else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
     buf = ctypes.create_string_buffer(attr, len(attr))
     fd = _libc.syscall(NR_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)),
                        ctypes.c_uint32(0))
