@@ -7,9 +7,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/conformance.html.md"""
 # %% auto #0
 __all__ = ['LEVELS', 'TOOLS_LIST', 'WS_CHECKS', 'LIFTED', 'BESIDE_ONLY', 'SEMANTIC', 'criterion', 'summary', 'format_report',
            'report_of', 'schema_problems', 'listed_tools', 'is_tool_env', 'env_tools', 'tools_list_problems',
-           'app_criteria', 'http_criteria', 'example_from_schema', 'ws_criteria', 'envelope_problems', 'tool_criteria',
-           'runtime_criteria', 'validate_url', 'sample_from_schema', 'play', 'episode_return', 'Player', 'declarations',
-           'twin_says', 'skipped', 'semantic_criteria']
+           'app_criteria', 'http_criteria', 'ws_criteria', 'envelope_problems', 'tool_criteria', 'runtime_criteria',
+           'validate_url', 'play', 'episode_return', 'Player', 'declarations', 'twin_says', 'skipped',
+           'semantic_criteria']
 
 # %% ../nbs/14a_conformance.ipynb #a4d7da37
 import contextlib
@@ -32,6 +32,7 @@ from websockets.sync.client import connect
 
 from .client import auth_headers, http_url, is_loopback, run_sync, ws_url
 from .environment import overrides
+from .schemas import example_from_schema, sample_from_schema
 from .mcp import RESERVED_TOOL_NAMES, CallToolAction, ListToolsAction, MCPEnvironment, rpc
 
 # %% ../nbs/14a_conformance.ipynb #3b818564
@@ -383,59 +384,6 @@ def http_criteria(s: requests.Session, # the session to ask with
     out = [check(s, base, timeout, seen) for check in (_openapi, _health, _metadata, _schema, _mcp)]
     return out + [_mode_criterion(seen)], seen
 
-# %% ../nbs/14a_conformance.ipynb #c7a50fbe
-def _deref(s: dict, defs: dict) -> dict:
-    "`s` with its `$ref` to `defs` followed."
-    while isinstance(s, dict) and "$ref" in s:
-        s = {**defs.get(s["$ref"].split("/")[-1], {}),
-             **{k: v for k, v in s.items() if k != "$ref"}}
-    return s
-
-# %% ../nbs/14a_conformance.ipynb #e3ebe7cf
-def _number(s: dict, integer: bool):
-    "1, or the nearest number to it within the bounds of `s`."
-    lo = s.get("minimum", s["exclusiveMinimum"] + (1 if integer else 0.5) if "exclusiveMinimum" in s
-               else None)
-    hi = s.get("maximum", s["exclusiveMaximum"] - (1 if integer else 0.5) if "exclusiveMaximum" in s
-               else None)
-    v = 1 if lo is None or lo <= 1 else lo
-    if hi is not None and v > hi: v = hi
-    return int(v) if integer else float(v)
-
-# %% ../nbs/14a_conformance.ipynb #0988ff45
-def _of_type(s: dict, defs: dict) -> Any:
-    "The smallest value of the type `s` names, within its bounds."
-    t = s.get("type", "object")
-    if isinstance(t, list): t = next((x for x in t if x != "null"), "null")
-    if t == "string":
-        return ("hello" * (1 + s.get("minLength",
-                                     0) // 5))[: max(s.get("maxLength", 5), s.get("minLength", 0))]
-    if t in ("integer", "number"): return _number(s, t == "integer")
-    if t == "boolean": return False
-    if t == "null": return None
-    if t == "array":
-        return [example_from_schema(s.get("items", {}), defs) for _ in range(s.get("minItems", 0))]
-    props = s.get("properties", {})
-    return {k: example_from_schema(props.get(k, {}), defs) for k in s.get("required", [])}
-
-# %% ../nbs/14a_conformance.ipynb #742350cc
-def example_from_schema(s: dict, # a JSON schema
-                        defs: dict | None = None, # its `$defs` (found in `s` when not given)
-                       ) -> Any:
-    "The smallest value that `s` accepts, as far as can be told without a solver."
-    defs = s.get("$defs", {}) if defs is None else defs
-    s = _deref(s, defs)
-    for k in ("const", "default"):
-        if k in s: return s[k]
-    if s.get("examples"): return s["examples"][0]
-    if s.get("enum"): return s["enum"][0]
-    for k in ("anyOf", "oneOf", "allOf"):
-        if s.get(k):
-            opts = [_deref(o, defs) for o in s[k]]
-            return example_from_schema(next((o for o in opts if o.get("type") != "null"), opts[0]),
-                                       defs)
-    return _of_type(s, defs)
-
 # %% ../nbs/14a_conformance.ipynb #e1baaf1c
 def _read(ws, timeout: float) -> tuple[dict | None, str | None]:
     "The next frame on `ws`: `(frame, error)`."
@@ -654,60 +602,6 @@ def validate_url(url: str, # the server's base URL; `http://` is assumed when no
                      standard_version=v,
                    standard_profile="openenv-http/1.x" if v.startswith("1.")
                    else "openenv-http/unknown", mode=seen["mode"])
-
-# %% ../nbs/14a_conformance.ipynb #e8b2436b
-def _span(s: dict, integer: bool) -> tuple[float, float]:
-    "The closed bounds of number schema `s`; 200 wide where it gives one bound, ±100 where none."
-    d = 1 if integer else 1e-6
-    lo = s.get("minimum", s["exclusiveMinimum"] + d if "exclusiveMinimum" in s else None)
-    hi = s.get("maximum", s["exclusiveMaximum"] - d if "exclusiveMaximum" in s else None)
-    if lo is None: lo = -100 if hi is None else hi - 200
-    return lo, lo + 200 if hi is None else hi
-
-# %% ../nbs/14a_conformance.ipynb #856bd28e
-def _draw_scalar(t: str, s: dict, rng: random.Random | None) -> Any:
-    "A string, number, boolean or null of schema `s`: the emptiest when `rng` is `None`, else a random one."
-    if t == "string":
-        lo = s.get("minLength", 0)
-        n = lo if rng is None else rng.randint(lo, max(lo, min(s.get("maxLength", lo + 8), lo + 8)))
-        return "a" * n if rng is None else "".join(rng.choice(string.ascii_lowercase)
-                                                   for _ in range(n))
-    if t in ("integer", "number"):
-        lo, hi = _span(s, t == "integer")
-        v = (min(max(0, lo), hi) if rng is None
-             else rng.randint(math.ceil(lo), math.floor(hi)) if t == "integer"
-             else rng.uniform(lo, hi))
-        return int(v) if t == "integer" else float(v)
-    return None if t == "null" else False if rng is None else rng.random() < 0.5
-
-# %% ../nbs/14a_conformance.ipynb #d7630897
-def sample_from_schema(s: dict, # a JSON schema
-                       rng: random.Random | None = None, # draws a random value; `None` for the emptiest one
-                       defs: dict | None = None, # its `$defs` (found in `s` when not given)
-                      ) -> Any:
-    "A value that `s` accepts: the emptiest one, or a random one drawn with `rng`."
-    defs = s.get("$defs", {}) if defs is None else defs
-    s = _deref(s, defs)
-    if "const" in s: return s["const"]
-    if s.get("enum"): return rng.choice(s["enum"]) if rng else s["enum"][0]
-    if opts := s.get("anyOf") or s.get("oneOf"):
-        opts = [o for o in opts if _deref(o, defs).get("type") != "null"] or opts
-        return sample_from_schema(rng.choice(opts) if rng else opts[0], rng, defs)
-    t = s.get("type", "object")
-    return _draw(next((x for x in t if x != "null"), "null") if isinstance(t, list) else t, s, rng,
-                 defs)
-
-# %% ../nbs/14a_conformance.ipynb #bb248983
-def _draw(t: str, s: dict, rng: random.Random | None, defs: dict) -> Any:
-    "A value of type `t` for `s`: shortest array, required fields only, unless `rng` draws."
-    if t == "array":
-        n = s.get("minItems", 0) + (rng.randint(0, 3) if rng else 0)
-        return [sample_from_schema(s.get("items", {}), rng, defs)
-                for _ in range(min(n, s.get("maxItems", n)))]
-    if t == "object":
-        return {k: sample_from_schema(s.get("properties", {}).get(k, {}), rng, defs)
-                for k in s.get("required", [])}
-    return _draw_scalar(t, s, rng)
 
 # %% ../nbs/14a_conformance.ipynb #17c7e3fb
 def _live(ep: dict) -> bool:

@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any, Iterable
 
+from .schemas import deref
+
 # %% ../nbs/04a_forms.ipynb #7466d826
 SKIPPED = {"metadata"}  # framework fields the form leaves out
 # strings shown as code
@@ -23,25 +25,15 @@ TEXT_KINDS = ("string", "textarea", "code")  # kinds whose entry is sent as type
 LIMITS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
           "pattern")
 
-# %% ../nbs/04a_forms.ipynb #b43b83be
-def _deref(p: dict, # a property's schema
-           defs: dict # the schema's `$defs`
-          ) -> dict:
-    "`p` with a `$ref` (or a one-item `allOf`) replaced by what it points to, keeping `p`'s own keys."
-    ref = p.get("$ref") or (p["allOf"][0].get("$ref") if len(p.get("allOf") or []) == 1 else None)
-    if not ref: return p
-    return {**defs.get(ref.rsplit("/", 1)[-1], {}),
-            **{k: v for k, v in p.items() if k not in ("$ref", "allOf")}}
-
 # %% ../nbs/04a_forms.ipynb #63ffcb6f
 def _unwrap(p: dict, # a property's schema
             defs: dict # the schema's `$defs`
            ) -> tuple[dict, bool]:
     "The schema of a field's value, and whether `null` is allowed as well."
-    p = _deref(p, defs)
+    p = deref(p, defs)
     opts = p.get("anyOf") or p.get("oneOf")
     if not opts: return p, p.get("type") == "null"
-    rest = [_deref(o, defs) for o in opts if o.get("type") != "null"]
+    rest = [deref(o, defs) for o in opts if o.get("type") != "null"]
     inner = rest[0] if len(rest) == 1 else {}  # several types: a JSON field
     return {**inner, **{k: v for k, v in p.items()
                         if k not in ("anyOf", "oneOf")}}, len(rest) < len(opts)
