@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from openenv_nb.client import HTTPEnvClient
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoHTTPEnv
-from openenv_nb.server import Guard, create_app
+from openenv_nb.server import create_app
 from openenv_nb.types import EnvServerError
 
 
@@ -71,7 +71,7 @@ def test_environment_error_over_http_is_named(server):
 def test_schemathesis_finds_no_server_error(echo_url, tmp_path):
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", echo_url + "/openapi.json", "-c", "not_a_server_error",
            "-n", "60", "--seed", "7", "--no-color", "--generation-database", "none", "--report-dir", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its caches stay out of the clone
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "failed" not in r.stdout.split("SUMMARY")[-1]
 

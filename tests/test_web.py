@@ -1,12 +1,15 @@
 """The web interface in a real browser: Debian's Chromium, driven by Playwright for Python.
 
 Skipped when Chromium or Playwright is missing, failed instead when OPENENV_REQUIRE names `browser`.
-Screenshots go to artifacts/ (git-ignored), for a person to look at.
+Screenshots go to $OPENENV_ARTIFACTS, else openenv-nb-artifacts/ in the temporary folder, for a person to look at.
 """
 import importlib.util
 import json
+import os
 import re
+import tempfile
 from enum import Enum
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -14,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import Field, field_validator
 
-from conftest import ROOT, start_server, need_browser, CHROMIUM
+from conftest import start_server, need_browser, CHROMIUM
 from openenv_nb.client import GenericEnvClient
 from openenv_nb.environment import Environment
 from openenv_nb.server import create_app, serve_in_thread
@@ -23,7 +26,7 @@ from openenv_nb.types import Action, Observation, State
 pytestmark = pytest.mark.browser
 
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = ROOT / "artifacts"
+ARTIFACTS = Path(os.environ.get("OPENENV_ARTIFACTS") or tempfile.gettempdir()) / "openenv-nb-artifacts"
 HAS_CODING = importlib.util.find_spec("openenv_nb.envs.coding") is not None
 
 
