@@ -96,6 +96,15 @@ def record_reset(self,
     self.start = Entry.of(None, dict(kwargs), payload, self.keep_observations)
 
 
+# %% ../nbs/00d_episodes.ipynb #41b246ff
+@patch_to(EpisodeLog)
+def record_step(self,
+                 action: dict, # the action as sent on the wire
+                 kwargs: dict, # the step's other arguments (`timeout_s`)
+                 payload: dict): # its reply
+    "Add a step."
+    self.steps.append(Entry.of(action, dict(kwargs), payload, self.keep_observations))
+
 # %% ../nbs/00d_episodes.ipynb #e343628b
 FORMAT = "openenv-episode/1"  # the first line's `format`: what `load` reads
 
