@@ -101,7 +101,8 @@ class Hub:
                  max_session_age: float | None = None, # seconds a WebSocket session may last; `None` any
                  max_connections: int | None = None, # open WebSockets; `None`: `max_sessions + 64`
                  doors: Doors | None = None, # who may call; `None`: `Doors(max_body=max_message_size)`
-                 reset_observation_cls: type[Observation] | None = None): # what `reset` returns, for `/schema`
+                 reset_observation_cls: type[Observation] | None = None, # what `reset` returns, for `/schema`
+                 grace_s: float = 0.0): # seconds a dropped session waits to be resumed (`parking`); 0 none
         store_attr(but="env,workers,max_connections,doors,reset_observation_cls")
         self.factory, self.workers = env, workers or min(64, max(4, max_sessions))
         self.max_connections = max_connections or max_sessions + 64
@@ -118,6 +119,9 @@ class Hub:
         self.closing: set[str] = set()  # those asked to close while a socket held them
         self.seen: dict[str, float] = {}  # when each was last used (`time.monotonic()`)
         self.reaper: asyncio.Task | None = None  # the task that closes idle ones
+        self.parked: dict = {}  # WebSocket sessions whose socket dropped, by token (see `parking`)
+        # sessions resumed; replies sent again to a resent request (not applied twice); parked ones let go
+        self.resumed, self.answered_again, self.evicted = 0, 0, 0
 
 # %% ../nbs/01a_actions.ipynb #499ec179
 @patch_to(Hub, as_prop=True)

@@ -28,6 +28,7 @@ from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
                             ListToolsAction,
                             MCPEnvironment, RpcError, rpc_error)
 from .messages import IdleTimer, send_frame
+from .parking import room
 
 # %% ../nbs/02c_mcp_sessions.ipynb #309e9021
 def _full(hub: Hub) -> tuple[str, dict]:
@@ -39,7 +40,7 @@ def _full(hub: Hub) -> tuple[str, dict]:
 # %% ../nbs/02c_mcp_sessions.ipynb #73ae0dd5
 async def session_create(hub: Hub, call) -> dict:
     "`openenv/session/create`: an environment kept for calls naming its `session_id`, and `/ws?session_id=`."
-    if hub.active >= hub.max_sessions: raise RpcError(SERVER_ERROR, *_full(hub))
+    if not room(hub): raise RpcError(SERVER_ERROR, *_full(hub))
     hub.active += 1
     try: env = await hub.make_env()
     except Exception as e:
@@ -132,7 +133,7 @@ async def rpc_once(hub: Hub, # the server's shared state
     async def fresh() -> Environment:
         nonlocal slot
         if not listing:
-            if hub.active >= hub.max_sessions: raise RpcError(SERVER_ERROR, *_full(hub))
+            if not room(hub): raise RpcError(SERVER_ERROR, *_full(hub))
             hub.active, slot = hub.active + 1, 1
         made.append(await hub.make_env())
         return made[0]
@@ -168,7 +169,7 @@ async def mcp_socket(ws: WebSocket):
     "WebSocket `/mcp`: one socket, one environment; each text frame one JSON-RPC message, in order."
     hub: Hub = ws.app.state.hub
     await ws.accept(subprotocol=chosen_protocol(ws))
-    if hub.active >= hub.max_sessions:
+    if not room(hub):
         await send_frame(ws, rpc_error(None, SERVER_ERROR, *_full(hub)))
         return await ws.close()
     hub.active, env, idle = hub.active + 1, None, IdleTimer(ws)

@@ -139,16 +139,18 @@ def _fire(self):
 
 # %% ../nbs/01d_messages.ipynb #936cd433
 @patch_to(IdleTimer)
-async def receive(self, timeout: float | None # seconds of silence allowed; `None` forever
+async def receive(self, timeout: float | None, # seconds of silence allowed; `None` forever
+                  pending: Awaitable | None = None # a read of `ws` already under way, to wait for
                  ) -> dict | None:
-    "The next ASGI message of `ws`; `None` after `timeout` seconds of silence."
-    if timeout is None: return await self.ws.receive()
+    "The next ASGI message of `ws` (or `pending`'s); `None` after `timeout` seconds of silence."
+    read = self.ws.receive() if pending is None else pending
+    if timeout is None: return await read
     self.deadline = self.loop.time() + timeout
     if self.handle is not None and self.handle.when() > self.deadline:
         self.handle.cancel(); self.handle = None
     if self.handle is None: self.handle = self.loop.call_at(self.deadline, self._fire)
     self.waiting = True
-    try: return await self.ws.receive()
+    try: return await read
     except asyncio.CancelledError:
         if not self.expired: raise
         self.expired = False

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from .actions import ENVELOPE, Checked, Hub, act, at_capacity, http_reply
 from .environment import Environment
 from .mcp_sessions import http_mcp
+from .parking import room
 from .types import EnvironmentMetadata, ResetRequest, StepRequest, dumps
 
 # %% ../nbs/02d_routes.ipynb #77fa5c6f
