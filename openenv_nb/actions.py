@@ -119,7 +119,7 @@ class Hub:
         self.closing: set[str] = set()  # those asked to close while a socket held them
         self.seen: dict[str, float] = {}  # when each was last used (`time.monotonic()`)
         self.reaper: asyncio.Task | None = None  # the task that closes idle ones
-        self.parked: dict = {}  # WebSocket sessions whose socket dropped, by token (see `parking`)
+        self.kept: dict = {}  # resumable WebSocket sessions, by token (see `parking`)
         # sessions resumed; replies sent again to a resent request (not applied twice); parked ones let go
         self.resumed, self.answered_again, self.evicted = 0, 0, 0
 
@@ -258,7 +258,10 @@ async def _state(hub: Hub, env: Environment, args=None, **extra) -> dict:
 # %% ../nbs/01a_actions.ipynb #25651da0
 async def _metadata(hub: Hub, env: Environment, args=None, **extra) -> dict:
     "What `env` says about itself, kept by the hub (it does not change)."
-    if hub.metadata is None: hub.metadata = env.get_metadata()
+    if hub.metadata is None:
+        md = env.get_metadata()
+        if md.replayable is None and getattr(type(env), "REPLAYABLE", False): md = md.model_copy(update={"replayable": True})
+        hub.metadata = md
     return {"type": "metadata", "data": hub.metadata.model_dump(mode="json")}
 
 # %% ../nbs/01a_actions.ipynb #6a89e370

@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/client.html.md"""
 # %% auto #0
 __all__ = ['TOKEN_HEADER', 'ActT', 'ObsT', 'StateT', 'WANTED', 'SESSION_ENDING', 'ws_url', 'http_url', 'is_loopback',
            'auth_headers', 'refused', 'model_args', 'adopt_types', 'run_sync', 'autosync', 'blocking', 'EnvClient',
-           'starting', 'EpisodeLost', 'reply_metadata', 'parse_reply', 'GenericEnvClient', 'sync_twin', 'SyncEnvClient',
+           'starting', 'reply_metadata', 'parse_reply', 'GenericEnvClient', 'sync_twin', 'SyncEnvClient',
            'HTTPEnvClient']
 
 # %% ../nbs/03_client.ipynb #fdd158ec
@@ -33,7 +33,10 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMes
 
 from .providers import DockerProvider, LocalProcessProvider
 from .types import Action, EnvConnectionError, EnvServerError, EnvTimeoutError, Observation, State
-from .types import EXT_HEADER, Redact, StepResult, dumps, from_envelope, loads, type_args
+from .types import EXT_HEADER, RESUME_HEADER, SESSION_HEADER, Redact, StepResult, dumps, from_envelope
+from .types import loads, type_args
+from .episodes import EpisodeLog
+from .resume import Diverged, EpisodeLost, Resume, replay, resume_options
 
 # %% ../nbs/03_client.ipynb #779e5e46
 def ws_url(base_url: str # `http(s)://...` or `ws(s)://...`, with or without a trailing `/ws`
@@ -147,7 +150,7 @@ def blocking(r # a call's result, or its coroutine
     return run_sync(r) if inspect.iscoroutine(r) else r
 
 # %% ../nbs/03_client.ipynb #668d9540
-WANTED = ("request-id", "step-kwargs")  # extensions this client uses when the server offers them
+WANTED = ("request-id", "step-kwargs", "resume")  # extensions this client uses when the server offers them
 # the server closes the socket after these
 SESSION_ENDING = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}
 
@@ -164,6 +167,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                  provider=None, # a provider that starts the server on `connect` and stops it on `close`
                  headers: dict | None = None, # more headers for the handshake
                  token: str | None = None, # the server's bearer token; `None` reads `OPENENV_TOKEN`; `""` none
+                 resume: Resume | bool = True, # get the episode back when the connection drops (`Resume`)
+                 keep_observations: bool = False, # the episode log keeps observations, not just their hashes
                 ):
         if base_url is None and provider is None:
             raise ValueError("EnvClient needs a base_url or a provider")
@@ -174,11 +179,15 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                              message_timeout_s=message_timeout_s,
                              # for `new_session`
                              max_message_size_mb=max_message_size_mb, headers=self.headers,
-                             token="")
+                             token="", resume=resume, keep_observations=keep_observations)
         self._ws: ClientConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop that owns `_ws`
         self._lock, self._seq, self.extensions, self._lost, self._children = asyncio.Lock(), 0, frozenset(), None, []
         self.action_type, self.observation_type, self.state_type = model_args(type(self), EnvClient)
+        # the episode as played (`episodes`); how to resume it; resumes so far; the session's token; where
+        # to find a server again when this one is gone (a callable giving a base URL), if not the provider
+        self.resume, self.resumes, self._token, self.relocate = resume_options(resume), 0, None, None
+        self.episode = EpisodeLog(keep_observations=keep_observations)
 
 # %% ../nbs/03_client.ipynb #f0e71df5
 @patch(as_prop=True)
@@ -202,7 +211,9 @@ def starting(e: Exception # what a connection attempt raised
 
 # %% ../nbs/03_client.ipynb #5190c12f
 @patch
-async def _open(self: EnvClient, url: str) -> ClientConnection:
+async def _open(self: EnvClient, url: str,
+                resume: str | None = None # a session token to resume
+               ) -> ClientConnection:
     "The WebSocket to `url`, retried with backoff while the server starts (`connect_timeout_s`)."
     loop, delay = asyncio.get_running_loop(), 0.05
     end = loop.time() + self._connect_timeout
@@ -210,6 +221,7 @@ async def _open(self: EnvClient, url: str) -> ClientConnection:
         try: return await ws_connect(url, open_timeout=max(end - loop.time(), 0.01),
                                      max_size=self._max_size, compression=None,
                                      additional_headers={EXT_HEADER: ", ".join(self.wanted),
+                                                         **({RESUME_HEADER: resume} if resume else {}),
                                                          **self.headers},
                                      proxy=None if is_loopback(url) else True, logger=_ws_log)
         except (OSError, InvalidHandshake) as e:
@@ -224,6 +236,14 @@ def _elsewhere(self: EnvClient) -> asyncio.AbstractEventLoop | None:
     if self._ws is None or self._loop is asyncio.get_running_loop(): return None
     if self._loop.is_running(): return self._loop
     self._ws, self._lost = None, "the event loop that opened the connection has stopped"
+
+# %% ../nbs/03_client.ipynb #4e5791f3
+@patch
+def _handshake(self: EnvClient, ws: ClientConnection):
+    "Take what a new connection's handshake says: the extensions the server offers, the session's token."
+    self._loop, h = asyncio.get_running_loop(), ws.response.headers
+    self.extensions = frozenset(e.strip() for e in h.get(EXT_HEADER, "").split(",")) & set(self.wanted)
+    self._token = h.get(SESSION_HEADER) if "resume" in self.extensions else None
 
 # %% ../nbs/03_client.ipynb #5f37b707
 @patch
@@ -245,9 +265,8 @@ async def connect(self: EnvClient) -> "EnvClient":
         await self._stop_provider()
         why = refused(e.response) if isinstance(e, InvalidStatus) else e
         raise EnvConnectionError(f"Could not connect to {url}: {why}") from e
-    self._lost, self._loop = None, asyncio.get_running_loop()
-    offered = self._ws.response.headers.get(EXT_HEADER, "")
-    self.extensions = frozenset(e.strip() for e in offered.split(",")) & set(self.wanted)
+    self._lost = None
+    self._handshake(self._ws)
     return self
 
 # %% ../nbs/03_client.ipynb #bf36e162
@@ -308,10 +327,6 @@ def __enter__(self: EnvClient): return blocking(self.connect())
 @patch
 def __exit__(self: EnvClient, *exc): blocking(self.close())
 
-# %% ../nbs/03_client.ipynb #87d41b63
-class EpisodeLost(EnvConnectionError):
-    "The session's connection was lost, and the episode with it; `reset()` starts a new one."
-
 # %% ../nbs/03_client.ipynb #33d3c197
 @patch
 def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
@@ -321,8 +336,10 @@ def _dropped(self: EnvClient, e: ConnectionClosed, kind: str) -> EpisodeLost:
     why = (e.rcvd.reason if e.rcvd else "") or ("this client closed it" if here
                                                 else "no close frame: the server went away")
     self._lost = f"connection closed during '{kind}' (code {code}: {why})"
-    return EpisodeLost(f"Connection to {self.url} closed during '{kind}' (code {code}: {why}); "
+    lost = EpisodeLost(f"Connection to {self.url} closed during '{kind}' (code {code}: {why}); "
                        "the episode is lost, reset() starts a new one")
+    lost.by_client = here  # this client cut it (`disconnect` while a call waited): not to be resumed
+    return lost
 
 # %% ../nbs/03_client.ipynb #28e7638d
 @patch
@@ -339,7 +356,9 @@ async def _receive(self: EnvClient, rid: int | None) -> dict:
 async def _exchange(self: EnvClient, msg: dict) -> dict:
     "Send `msg` on the open connection and wait for its reply (the caller holds the lock)."
     kind, rid = msg["type"], None
-    if "request-id" in self.extensions: self._seq += 1; rid = msg["id"] = self._seq
+    if "request-id" in self.extensions:  # a message sent again keeps its id (see `_resume`)
+        if "id" not in msg: self._seq += 1; msg["id"] = self._seq
+        rid = msg["id"]
     try:
         try: await self._ws.send(dumps(msg).decode())
         except ConnectionClosed:
@@ -369,16 +388,101 @@ async def _request(self: EnvClient, msg: dict) -> dict:
                                   "starts a new one")
             await self.connect()
         try: reply = await self._exchange(msg)
-        except EpisodeLost:
-            if kind != "reset" or fresh: raise
-            await self.connect()  # dropped between episodes: the new episode gets a new connection
-            reply = await self._exchange(msg)
+        except EpisodeLost as e:
+            if (kind != "reset" and self.resume and self.episode.start is not None
+                    and not getattr(e, "by_client", False)):
+                reply = await self._resume(msg, e)  # the episode goes on, or `EpisodeLost` says why not
+            elif kind != "reset" or fresh: raise
+            else:
+                await self.connect()  # dropped between episodes: the new episode gets a new connection
+                reply = await self._exchange(msg)
     if reply.get("type") != "error": return reply.get("data") or {}
     data = reply.get("data") or {}
     if data.get("code") in SESSION_ENDING:
         await self.disconnect()
         self._lost = f"{data.get('code')}: {data.get('message')}"
     raise EnvServerError.from_frame(data, self.url)
+
+# %% ../nbs/03_client.ipynb #737c2792
+_log = logging.getLogger("openenv_nb.client")
+
+@patch
+async def _replayable(self: EnvClient) -> bool:
+    "Whether the server's environment says its episodes can be replayed (`replayable` in `/metadata`)."
+    url = http_url(self.base_url) + "/metadata"
+    def ask() -> bool:
+        with requests.Session() as s:
+            s.trust_env = not is_loopback(url)
+            r = s.get(url, headers=self.headers, timeout=self._connect_timeout)
+            return r.ok and r.json().get("replayable") is True
+    try: return await asyncio.to_thread(ask)
+    except (requests.RequestException, ValueError, AttributeError): return False
+
+# %% ../nbs/03_client.ipynb #c917aceb
+@patch
+async def _relocate(self: EnvClient):
+    "Find the server again after it went away: `relocate()`'s URL, or the provider's server restarted."
+    if self.relocate is not None: self.base_url = await asyncio.to_thread(self.relocate)
+    elif self._provider is not None:
+        await asyncio.to_thread(self._provider.stop)
+        self.base_url = await asyncio.to_thread(self._provider.start)
+
+# %% ../nbs/03_client.ipynb #c9475bac
+@patch
+async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
+    "Reconnect once and get the reply to `msg`: from the resumed session, or after a replay; and how."
+    token = self._token
+    self._ws = await self._open(self.url, resume=token)
+    self._handshake(self._ws)
+    if token is not None and self._token == token: return await self._exchange(msg), "resumed"
+    if not await self._replayable():
+        self._abandon()
+        raise EpisodeLost(f"The session with {self.url} is gone and its environment does not say it can "
+                          "be replayed ('replayable' in its /metadata), so the episode cannot be rebuilt; "
+                          "reset() starts a new one")
+    async def exchange(m: dict) -> dict:
+        reply = await self._exchange(m)
+        if reply.get("type") == "error": raise EnvServerError.from_frame(reply.get("data") or {}, self.url)
+        return reply.get("data") or {}
+    try: steps = await replay(self.episode, exchange)
+    except EnvServerError as e:
+        self._abandon()
+        raise EpisodeLost(f"The server at {self.url} refused the episode's replay ({e}); reset() starts "
+                          "a new one") from e
+    msg.pop("id", None)  # a new session: a new id
+    return await self._exchange(msg), f"replayed ({steps} steps)"
+
+# %% ../nbs/03_client.ipynb #943e6308
+@patch
+async def _resume(self: EnvClient, msg: dict, # the message that got no reply
+                  lost: EpisodeLost # what was raised when the connection dropped
+                 ) -> dict:
+    "The reply to `msg` after the connection dropped: the session resumed, or the episode replayed."
+    loop, why, moved = asyncio.get_running_loop(), str(lost), False
+    end, delays = loop.time() + self.resume.total_s, self.resume.delays()
+    for attempt in range(1, self.resume.attempts + 1):
+        try:
+            reply, how = await self._again(msg)
+            self._lost, self.resumes = None, self.resumes + 1
+            _log.warning("%s: the connection dropped during '%s'; episode %s after %d attempt(s)",
+                         self.url, msg["type"], how, attempt)
+            return reply
+        except Diverged: self._abandon(); raise
+        except EpisodeLost as e:
+            if "replayable" in str(e): raise
+            why = str(e)
+        except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
+            why = f"{type(e).__name__}: {e}"
+            if not moved and (self.relocate or self._provider) and not starting(e):
+                moved = True  # the server is gone for good: find it again, once
+                with contextlib.suppress(Exception): await self._relocate()
+        self._abandon()
+        delay = next(delays, None)
+        if delay is None or loop.time() + delay >= end: break
+        await asyncio.sleep(delay)
+    self._lost = why
+    raise EpisodeLost(f"The connection to {self.url} dropped during '{msg['type']}' and the episode could "
+                      f"not be resumed after {attempt} attempt(s) ({why}); reset() starts a new one")
 
 # %% ../nbs/03_client.ipynb #76c4c5a8
 def reply_metadata(payload: dict # a reset or step reply
@@ -429,7 +533,9 @@ def _parse_state(self: EnvClient, payload: dict) -> StateT:
 @autosync
 async def reset(self: EnvClient, **kwargs) -> StepResult[ObsT]:
     "Start a new episode (`seed=`, `episode_id=`, or what the environment takes)."
-    return self._parse_result(await self._request({"type": "reset", "data": kwargs}))
+    payload = await self._request({"type": "reset", "data": kwargs})
+    self.episode.record_reset(kwargs, payload)
+    return self._parse_result(payload)
 
 # %% ../nbs/03_client.ipynb #932894d9
 @patch
@@ -444,7 +550,9 @@ async def step(self: EnvClient, action: ActT | dict, **kwargs) -> StepResult[Obs
                         "HTTPEnvClient, "
                         "or leave them out")
     if kwargs: msg["kwargs"] = kwargs
-    return self._parse_result(await self._request(msg))
+    payload = await self._request(msg)
+    self.episode.record_step(msg["data"], kwargs, payload)
+    return self._parse_result(payload)
 
 # %% ../nbs/03_client.ipynb #4852e583
 @patch

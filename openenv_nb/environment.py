@@ -32,6 +32,8 @@ class Transform(ABC, Generic[ObsT]):
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     "An episode-based environment, Gymnasium style: `reset`, then `step` until `done`."
     SUPPORTS_CONCURRENT_SESSIONS: bool = False  # instances share nothing: a server may hold many
+    # the same reset arguments and actions give the same replies: a lost episode can be rebuilt by replay
+    REPLAYABLE: bool = False
     rubric: Rubric | None = None  # scores each step, if the reward comes from one
     reward_range: tuple[float, float] = (-math.inf, math.inf)  # every step's reward lies within it
     max_return: float | None = None  # the best total reward of one episode, when there is one

@@ -277,6 +277,7 @@ def create_app(
     reset_observation_cls: type[Observation] | None = None, # `reset`'s, for `/schema`
     mode: str | None = None, # `simulation` or `production`; `None` reads `OPENENV_MODE`
     max_sessions: int | None = None, # an alias of `max_concurrent_envs`
+    resume_grace_s: float | None = None, # seconds a dropped session waits for its client; 0 none; `None`: `grace`
 ) -> FastAPI:
     "A FastAPI app (an `App`) serving `env` over HTTP, `/ws` and `/mcp`."
     if max_sessions is not None and max_concurrent_envs not in (None, max_sessions):
@@ -289,7 +290,8 @@ def create_app(
     hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None,
               max_message_size,
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
-              Doors(token, allow_origins, max_body or max_message_size), reset_observation_cls)
+              Doors(token, allow_origins, max_body or max_message_size), reset_observation_cls,
+              grace(resume_grace_s))
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
     app = App(title=f"openenv-nb: {env_name or name}", version="1.0.0",
               description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan)

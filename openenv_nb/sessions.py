@@ -29,7 +29,7 @@ from .environment import Environment, Steps, batch_hook
 from .mcp import INVALID_REQUEST, RpcError
 from .mcp_sessions import drop_session, session_close
 from .messages import MESSAGES, IdleTimer, decode, reply, send_frame
-from .parking import Parked, new_token, park, room, unpark
+from .parking import Kept, forget, keep, new_token, park, room, take
 from .types import EXT_HEADER, RESUME_HEADER, SESSION_HEADER, ErrorCode, error_frame, list_adapter, loads
 
 # %% ../nbs/02b_sessions.ipynb #dda81ce8
@@ -501,9 +501,9 @@ async def serve_session(hub: Hub, # the server's shared state
                         sid: str | None = None, # that session's id
                         slot: int = 0, # the slot the caller took for it: freed when it ends
                         token: str | None = None, # its `resume` token: parked if its socket drops
-                        parked: Parked | None = None): # a parked session this socket resumes
+                        kept: Kept | None = None): # a kept session this socket resumes
     "Serve one session on an accepted socket until it ends, is parked, or is resumed on another socket."
-    if parked is not None: env, session = parked.env, parked.session
+    if kept is not None: env, session = kept.env, kept.session
     else:
         env = attached
         if env is None and "batch" not in ext:
@@ -512,18 +512,20 @@ async def serve_session(hub: Hub, # the server's shared state
                 hub.active -= slot
                 return await send_frame(ws, factory_error(hub, e))
         session = Session(hub, env, ext, sid, token)
-    session.owner, session.resent, main = ws, parked is not None, asyncio.current_task()
-    keep = session.token is not None and hub.grace_s > 0
+        if token is not None: keep(hub, token, env, session)
+    session.owner, session.resent, main = ws, kept is not None, asyncio.current_task()
+    resumable = session.token is not None
     def left():  # during a call: park now (the call's reply is kept), else stop the call
-        if keep: session.owner = None; park(hub, session.token, env, session)
+        if resumable: session.owner = None; park(hub, session.token)
         else: main.cancel()
     watch, idle, dropped = Watch(ws, left), IdleTimer(ws), False
     try: dropped = await session.run(ws, watch, idle)
     finally:
         idle.close(); watch.close()
         if session.owner is ws:  # else parked, or resumed on another socket: not this one's to end
-            if dropped and keep: session.owner = None; park(hub, session.token, env, session)
+            if dropped and resumable: session.owner = None; park(hub, session.token)
             else:
+                forget(hub, session.token)
                 hub.active -= slot
                 if env is not None and attached is None: await hub.close_env(env)
                 await session.release()
@@ -558,28 +560,28 @@ async def attach(hub: Hub, # the server's shared state
 
 # %% ../nbs/02b_sessions.ipynb #7541cf2e
 async def ws_endpoint(ws: WebSocket):
-    "The `/ws` route: one connection, one session (resumed, where the client names a parked one)."
+    "The `/ws` route: one connection, one session (resumed, where the client names a kept one)."
     hub: Hub = ws.app.state.hub
     ext, sid = listed(ws.headers.get(EXT_HEADER, "")), ws.query_params.get("session_id")
-    token = parked = None
+    token = kept = None
     if "resume" in ext and hub.grace_s > 0 and "batch" not in ext and sid is None:
         asked = ws.headers.get(RESUME_HEADER)
-        parked = unpark(hub, asked) if asked else None
-        token = asked if parked is not None else new_token()
+        kept = take(hub, asked) if asked else None
+        token = asked if kept is not None else new_token()
     heads = [(EXT_HEADER.encode(), _OFFERED[hub.grace_s > 0])]
     if token is not None: heads.append((SESSION_HEADER.encode(), token.encode()))
     try: await ws.accept(subprotocol=chosen_protocol(ws), headers=heads)
     except BaseException:
-        if parked is not None: park(hub, token, parked.env, parked.session)  # still the client's
+        if kept is not None and kept.session.owner is None: park(hub, token)  # still the client's
         raise
     if sid is not None: return await attach(hub, ws, ext, sid)
-    if parked is not None: hub.resumed += 1
+    if kept is not None: hub.resumed += 1
     # a batch connection holds slots only for the environments it opens; a resumed one has its own
     slot = 0 if "batch" in ext else 1
-    if slot and parked is None:
+    if slot and kept is None:
         if not room(hub): return await _refuse(ws, hub)
         hub.active += 1
-    try: await serve_session(hub, ws, ext, slot=slot, token=token, parked=parked)
+    try: await serve_session(hub, ws, ext, slot=slot, token=token, kept=kept)
     except Exception as e:
         if (ws.client_state is WebSocketState.CONNECTED
                 and ws.application_state is WebSocketState.CONNECTED):

@@ -61,6 +61,8 @@ class EnvironmentMetadata(BaseModel):
     version: str | None = Field(default=None, description="Version of the environment")
     author: str | None = Field(default=None, description="Who wrote it")
     documentation_url: str | None = Field(default=None, description="Where its docs live")
+    replayable: bool | None = Field(default=None, description="Whether the same reset arguments and actions "
+                                    "give the same replies, so a lost episode can be rebuilt by replay")
 
 # %% ../nbs/00_types.ipynb #19a388ed
 class ResetRequest(BaseModel):

@@ -159,6 +159,7 @@ def board_svg(board: chess.Board, # the position
 class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
     "Chess against a built-in opponent; moves in UCI or SAN, illegal ones refused with a penalty."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
     opponent, depth, agent_color, max_moves, illegal_reward, svg = "random", 2, "white", 500, -0.1, True  # `chess_env` may set these
 
     def __init__(self, opponent: str | None = None, # a key of `OPPONENTS`

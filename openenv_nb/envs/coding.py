@@ -201,6 +201,7 @@ def _ready(ready: int | None = None # workers kept ready; default `OPENENV_SANDB
 class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
     "Runs Python in a sandboxed worker process; variables, functions and imports persist across an episode's steps."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
     reward_range = (-1.2, 1.1)  # OpenEnv's reward, [-1.2, 0.1], plus a task's score, [0, 1]
     max_return = None  # an episode has no end, so no best total
 

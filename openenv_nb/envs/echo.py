@@ -32,6 +32,7 @@ class EchoObservation(Observation):
 class EchoEnvironment(MCPEchoEnvironment, Environment[EchoAction, EchoObservation, State]):
     "Echoes every message back (0.1 reward per character) as an `EchoAction` step, or through the tools `echo_message` and `echo_with_length`."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
 
     def reset(self, seed: int | None = None, episode_id: str | None = None,
               split: str | None = None,

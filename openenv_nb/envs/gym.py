@@ -233,6 +233,7 @@ def png(image: np.ndarray, # `uint8`, shape `(h, w)` (grey), `(h, w, 3)` (RGB) o
 class GymEnvironment(Environment[GymAction, GymObservation, GymState]):
     "A Gymnasium environment, served: `reset`, `step` as Gymnasium's, `terminated`, `truncated` kept."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
     env_id: str | None = None  # set on the classes that `gym_env` makes
     make_kwargs: dict = {}
 

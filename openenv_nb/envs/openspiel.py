@@ -121,6 +121,7 @@ def observation_string(state: pyspiel.State, # any state of the game
 class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, OpenSpielState]):
     "One seat of an OpenSpiel game; chance and built-in opponents play between the agent's turns."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
     # `openspiel_env` sets these per game
     game_name, game_params, opponent, agent_player, illegal_reward = "catch", {}, "random", 0, -0.1
 

@@ -222,6 +222,7 @@ def jsonable(x: Any) -> Any:
 class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, TextArenaState]):
     "A TextArena game, served: a move of text per step, the game's reward, what each player saw."
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REPLAYABLE = True  # its episodes follow from the reset's seed and the actions
     # these class defaults are set on the classes that `textarena_env` makes
     env_id: str | None = None
     game_kwargs: dict = {}
