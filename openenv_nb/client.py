@@ -389,8 +389,8 @@ async def _request(self: EnvClient, msg: dict) -> dict:
             await self.connect()
         try: reply = await self._exchange(msg)
         except EpisodeLost as e:
-            if (kind != "reset" and self.resume and self.episode.start is not None
-                    and not getattr(e, "by_client", False)):
+            if (self.resume and not getattr(e, "by_client", False)
+                    and (kind == "reset" or self.episode.start is not None)):
                 reply = await self._resume(msg, e)  # the episode goes on, or `EpisodeLost` says why not
             elif kind != "reset" or fresh: raise
             else:
@@ -435,6 +435,9 @@ async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
     self._ws = await self._open(self.url, resume=token)
     self._handshake(self._ws)
     if token is not None and self._token == token: return await self._exchange(msg), "resumed"
+    if msg["type"] == "reset":  # a new episode: nothing to rebuild
+        msg.pop("id", None)
+        return await self._exchange(msg), "reset on a new session"
     if not await self._replayable():
         self._abandon()
         raise EpisodeLost(f"The session with {self.url} is gone and its environment does not say it can "

@@ -1,0 +1,194 @@
+"""Episodes that survive: a chaos proxy cuts connections at seeded random points and the server is killed and
+replaced; every episode must give exactly the trace of an undisturbed run, or end in a typed `EpisodeLost`."""
+import asyncio
+import contextlib
+import importlib.util
+import random
+
+import pytest
+
+from chaos import Chaos
+from conftest import need
+from openenv_nb.client import GenericEnvClient
+from openenv_nb.envs.echo import EchoEnvironment
+from openenv_nb.resume import Diverged, EpisodeLost, Resume
+from openenv_nb.runner import serve_in_thread
+from openenv_nb.server import create_app
+from openenv_nb.targets import make_app
+
+FAST = Resume(attempts=40, total_s=60, first_delay_s=0.01, max_delay_s=0.2)
+
+
+def port_of(url: str) -> int: return int(url.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def served(app):
+    "A server for `app` in a thread: its URL and its hub."
+    with serve_in_thread(app) as url: yield url, app.state.hub
+
+
+def actions_for(family: str, n: int, rng: random.Random) -> list[dict]:
+    if family == "echo": return [{"message": "".join(rng.choices("abc", k=rng.randint(0, 5)))} for _ in range(n)]
+    if family == "cartpole": return [{"action": rng.randint(0, 1)} for _ in range(n)]
+    if family == "chess": return [{"move": m} for m in ("e2e4", "g1f3", "f1c4", "b1c3", "d2d3", "c1g5")[:n]]
+    if family == "coding": return [{"code": f"x = {i}\nprint(x * {rng.randint(1, 9)})"} for i in range(n)]
+    raise ValueError(family)
+
+
+async def play(url: str, seed: int, actions: list[dict], resume=FAST) -> tuple[list, int, int]:
+    "An episode's trace (each reply's observation, reward and done), the step count the server saw, and resumes."
+    async with GenericEnvClient(url, resume=resume, connect_timeout_s=30) as env:
+        trace = [(await env.reset(seed=seed)).observation]
+        for a in actions:
+            r = await env.step(a)
+            trace.append((r.observation, r.reward, r.done))
+            if r.done: break
+        return trace, (await env.state())["step_count"], env.resumes
+
+
+def without_metadata(trace):
+    return [(({k: v for k, v in t[0].items() if k != "metadata"}, *t[1:]) if isinstance(t, tuple)
+             else {k: v for k, v in t.items() if k != "metadata"}) for t in trace]
+
+
+FAMILIES = {"echo": (EchoEnvironment, 300, 8), "cartpole": ("gym:CartPole-v1", 60, 20), "chess": ("chess", 30, 6),
+            "coding": ("coding", 6, 4)}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cuts_anywhere_change_nothing(family):
+    "Seeded episodes through a proxy that cuts connections at random: the same traces as without it."
+    target, episodes, steps = FAMILIES[family]
+    extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess")}.get(family)
+    if extra: need(extra[0], importlib.util.find_spec(extra[1]) is not None, f"needs the {extra[0]} extra")
+    app = create_app(target, max_concurrent_envs=64) if not isinstance(target, str) else make_app(target, max_sessions=64)
+    rng = random.Random(family)
+    plans = [(rng.randrange(10**6), actions_for(family, steps, rng)) for _ in range(episodes)]
+    async def main(url, hub):
+        calm = [await play(url, s, a) for s, a in plans]
+        async with Chaos(port_of(url), p=0.08, seed=1) as proxy:
+            sem = asyncio.Semaphore(16)
+            async def one(s, a):
+                async with sem: return await play(proxy.url, s, a)
+            rough = await asyncio.gather(*[one(s, a) for s, a in plans])
+        return calm, rough, proxy.cuts
+    with served(app) as (url, hub):
+        calm, rough, cuts = asyncio.run(main(url, hub))
+        assert cuts > episodes // 4, f"the proxy cut only {cuts} connections: the test tests little"
+        for (t0, n0, _), (t1, n1, _) in zip(calm, rough):
+            assert without_metadata(t1) == without_metadata(t0)
+            assert n1 == n0  # the server applied every step once: none twice, none lost
+        assert sum(r for *_, r in rough) > 0
+        assert hub.answered_again > 0, "no reply was sent again: the cuts never fell between a step and its reply"
+
+
+def test_sessions_left_after_the_grace_period():
+    "Sessions whose client never comes back are let go when the grace period ends: none is left, no slot held."
+    app = create_app(EchoEnvironment, max_concurrent_envs=8, resume_grace_s=0.2)
+    async def main(url, hub):
+        async with Chaos(port_of(url)) as proxy:
+            clients = [GenericEnvClient(proxy.url, resume=False) for _ in range(5)]
+            for c in clients: await c.reset()
+            proxy.cut_all()
+            for _ in range(200):  # bounded wait for the server to park, then let go, all five
+                if not hub.kept and hub.active == 0: break
+                await asyncio.sleep(0.05)
+            for c in clients: c._abandon()
+        return len(hub.kept), hub.active
+    with served(app) as (url, hub): assert asyncio.run(main(url, hub)) == (0, 0)
+
+
+def test_parked_sessions_never_keep_newcomers_out():
+    "With every slot held by a parked session, a newcomer still gets one: the oldest parked session is let go."
+    app = create_app(EchoEnvironment, max_concurrent_envs=2, resume_grace_s=600)
+    async def main(url, hub):
+        async with Chaos(port_of(url)) as proxy:
+            gone = [GenericEnvClient(proxy.url, resume=False) for _ in range(2)]
+            for c in gone: await c.reset()
+            proxy.cut_all()
+            for _ in range(200):
+                if sum(k.timer is not None for k in hub.kept.values()) == 2: break
+                await asyncio.sleep(0.05)
+            async with GenericEnvClient(url) as fresh:
+                r = await fresh.step({"message": "hi"}) if (await fresh.reset()) else None
+            for c in gone: c._abandon()
+            return r.observation["echoed_message"], hub.evicted
+    with served(app) as (url, hub): assert asyncio.run(main(url, hub)) == ("hi", 1)
+
+
+class Unreplayable(EchoEnvironment):
+    "An echo that does not say it can be replayed."
+    REPLAYABLE = False
+
+
+class Drifting(EchoEnvironment):
+    "Says it can be replayed, but its replies drift from one server to the next."
+    born = 0
+    def __init__(self):
+        super().__init__()
+        Drifting.born += 1
+        self.tag = Drifting.born
+    def step(self, action, **kw):
+        o = super().step(action, **kw)
+        o.echoed_message += f"#{self.tag}"
+        return o
+
+
+async def restart_midway(make_app, steps=(("a", "b"), ("c",))):
+    "Play steps, kill the server, put a new one behind the same URL, play on; the trace and the client."
+    with served(make_app()) as (url, _):
+        proxy = await Chaos(port_of(url)).__aenter__()
+        env = GenericEnvClient(proxy.url, resume=FAST)
+        trace = [(await env.reset(seed=3)).observation["echoed_message"]]
+        for m in steps[0]: trace.append((await env.step({"message": m})).observation["echoed_message"])
+        proxy.cut_all()
+    with served(make_app()) as (url2, _):
+        proxy.target = port_of(url2)
+        try:
+            for m in steps[1]: trace.append((await env.step({"message": m})).observation["echoed_message"])
+            return trace, env
+        finally:
+            env._abandon()
+            await proxy.__aexit__()
+
+
+def test_a_restarted_server_gets_the_episode_by_replay():
+    trace, env = asyncio.run(restart_midway(lambda: create_app(EchoEnvironment)))
+    assert trace == ["Echo environment ready!", "a", "b", "c"] and env.resumes == 1
+    assert [e.action for e in env.episode.steps] == [{"message": m} for m in "abc"]
+
+
+def test_an_environment_that_cannot_be_replayed_is_lost_never_replayed():
+    with pytest.raises(EpisodeLost, match="replayable"):
+        asyncio.run(restart_midway(lambda: create_app(Unreplayable)))
+
+
+def test_a_replay_that_goes_another_way_is_lost_at_its_step():
+    Drifting.REPLAYABLE = True
+    with pytest.raises(Diverged, match="differs at step 1: observation") as e:
+        asyncio.run(restart_midway(lambda: create_app(Drifting)))
+    assert e.value.step == 1
+
+
+def test_resume_off_or_upstream_server_loses_the_episode_as_before():
+    "`resume=False`: a dropped connection is an `EpisodeLost`, as before."
+    async def main():
+        with served(create_app(EchoEnvironment)) as (url, _):
+            async with Chaos(port_of(url)) as proxy:
+                env = GenericEnvClient(proxy.url, resume=False)
+                await env.reset()
+                proxy.cut_all()
+                with pytest.raises(EpisodeLost, match="reset\\(\\) starts a new one"): await env.step({"message": "x"})
+                env._abandon()
+    asyncio.run(main())
+
+
+def test_grace_zero_offers_no_resume():
+    async def main():
+        with served(create_app(EchoEnvironment, resume_grace_s=0)) as (url, hub):
+            async with GenericEnvClient(url) as env:
+                await env.reset()
+                return env.extensions, hub.kept
+    ext, kept = asyncio.run(main())
+    assert "resume" not in ext and kept == {}
