@@ -212,7 +212,8 @@ def starting(e: Exception # what a connection attempt raised
 # %% ../nbs/03_client.ipynb #5190c12f
 @patch
 async def _open(self: EnvClient, url: str,
-                resume: str | None = None # a session token to resume
+                resume: str | None = None, # a session token to resume
+                patient: bool = True # retry while the server starts; else one try (`_resume` retries)
                ) -> ClientConnection:
     "The WebSocket to `url`, retried with backoff while the server starts (`connect_timeout_s`)."
     loop, delay = asyncio.get_running_loop(), 0.05
@@ -225,7 +226,7 @@ async def _open(self: EnvClient, url: str,
                                                          **self.headers},
                                      proxy=None if is_loopback(url) else True, logger=_ws_log)
         except (OSError, InvalidHandshake) as e:
-            if not starting(e) or loop.time() + delay >= end: raise
+            if not (patient and starting(e)) or loop.time() + delay >= end: raise
         await asyncio.sleep(delay)
         delay = min(2 * delay, 1.0)
 
@@ -432,7 +433,7 @@ async def _relocate(self: EnvClient):
 async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
     "Reconnect once and get the reply to `msg`: from the resumed session, or after a replay; and how."
     token = self._token
-    self._ws = await self._open(self.url, resume=token)
+    self._ws = await self._open(self.url, resume=token, patient=False)
     self._handshake(self._ws)
     if token is not None and self._token == token: return await self._exchange(msg), "resumed"
     if msg["type"] == "reset":  # a new episode: nothing to rebuild
@@ -484,8 +485,8 @@ async def _resume(self: EnvClient, msg: dict, # the message that got no reply
         if delay is None or loop.time() + delay >= end: break
         await asyncio.sleep(delay)
     self._lost = why
-    raise EpisodeLost(f"The connection to {self.url} dropped during '{msg['type']}' and the episode could "
-                      f"not be resumed after {attempt} attempt(s) ({why}); reset() starts a new one")
+    raise EpisodeLost(f"{str(lost).split('; the episode is lost')[0]}; it could not be resumed: "
+                      f"{attempt} attempt(s) failed ({why}); reset() starts a new episode")
 
 # %% ../nbs/03_client.ipynb #76c4c5a8
 def reply_metadata(payload: dict # a reset or step reply

@@ -193,9 +193,22 @@ class Proxy:
         self.sock.close(); self.cut()
 
 
-def test_a_socket_dropped_mid_episode_is_an_episode_lost_then_reset_works(echo_url):
+def test_a_socket_dropped_mid_episode_is_resumed(echo_url):
+    "The same episode goes on after the cut: the step is applied once, on the session the server kept."
     proxy = Proxy(echo_url)
     env = EchoEnv(proxy.url)
+    try:
+        env.reset(); env.step(EchoAction(message="a"))
+        proxy.cut()
+        assert env.step(EchoAction(message="b")).observation.metadata["step"] == 2
+        assert env.state().step_count == 2 and env.resumes == 1
+    finally:
+        env.close(); proxy.close()
+
+
+def test_without_resume_a_socket_dropped_mid_episode_is_an_episode_lost_then_reset_works(echo_url):
+    proxy = Proxy(echo_url)
+    env = EchoEnv(proxy.url, resume=False)
     try:
         env.reset(); env.step(EchoAction(message="a"))
         proxy.cut()
