@@ -625,6 +625,7 @@ async def lease(cls: EnvClient, pool, # a started `ServerPool` (`urls`, `take`, 
     i = await pool.take()
     try:
         env = cls(pool.urls[i], **kwargs)
+        env.relocate = lambda: pool.restart(i)  # a server that went away mid-episode: its replacement
         try: await env.connect()
         except EnvConnectionError:
             env.base_url = await asyncio.to_thread(pool.restart, i)
