@@ -414,7 +414,8 @@ async def _replayable(self: EnvClient) -> bool:
     def ask() -> bool:
         with requests.Session() as s:
             s.trust_env = not is_loopback(url)
-            r = s.get(url, headers=self.headers, timeout=self._connect_timeout)
+            r = s.get(url, headers={**self.headers, EXT_HEADER: "declarations"},
+                      timeout=self._connect_timeout)
             return r.ok and r.json().get("replayable") is True
     try: return await asyncio.to_thread(ask)
     except (requests.RequestException, ValueError, AttributeError): return False
@@ -441,9 +442,9 @@ async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
         return await self._exchange(msg), "reset on a new session"
     if not await self._replayable():
         self._abandon()
-        raise EpisodeLost(f"The session with {self.url} is gone and its environment does not say it can "
-                          "be replayed ('replayable' in its /metadata), so the episode cannot be rebuilt; "
-                          "reset() starts a new one")
+        raise EpisodeLost(f"The connection to {self.url} dropped during '{msg['type']}' and its session "
+                          "is gone; the environment does not say it can be replayed ('replayable' in its "
+                          "/metadata), so the episode cannot be rebuilt; reset() starts a new one")
     async def exchange(m: dict) -> dict:
         reply = await self._exchange(m)
         if reply.get("type") == "error": raise EnvServerError.from_frame(reply.get("data") or {}, self.url)

@@ -818,7 +818,8 @@ def test_our_client_new_session_like_upstream(upstream):
 
 @pytest.mark.parametrize("side", ["ours", "upstream"])
 def test_our_client_after_dropped_socket(side, ours, request):
-    """A proxy drops the socket mid-episode: the next step says the episode is lost; `reset()` then works."""
+    """A proxy drops the socket mid-episode: our server resumes the episode; upstream's (no `resume`, nothing
+    `replayable`) loses it, and the next step says so; `reset()` then works."""
     target = ours["echo"] if side == "ours" else request.getfixturevalue("upstream")["echo"]
     proxy = CuttableProxy(target)
     try:
@@ -826,9 +827,13 @@ def test_our_client_after_dropped_socket(side, ours, request):
             env.reset(episode_id="before")
             env.step(EchoAction(message="one"))
             assert proxy.cut() == 1
-            with pytest.raises(EnvConnectionError) as e:  # never silently continued in a new episode
-                env.step(EchoAction(message="two"))
-            assert "step" in str(e.value)
+            if side == "ours":
+                assert env.step(EchoAction(message="two")).observation.metadata["step"] == 2
+                assert (env.state().episode_id, env.resumes) == ("before", 1)
+            else:
+                with pytest.raises(EnvConnectionError) as e:  # never silently continued in a new episode
+                    env.step(EchoAction(message="two"))
+                assert "step" in str(e.value)
             r = env.reset(episode_id="after")
             assert r.observation.echoed_message == "Echo environment ready!"
             env.step(EchoAction(message="three"))
@@ -861,7 +866,11 @@ def test_our_client_after_our_server_restarts():
             p.stop()
             p.port = urlsplit(url).port
             p.start()
-            with pytest.raises(EnvConnectionError):
+            env.step(EchoAction(message="replayed"))  # a new session: the episode rebuilt by replay
+            assert (env.state().episode_id, env.state().step_count, env.resumes) == ("before", 1, 1)
+            p.stop(); p.start()
+            with pytest.raises(EnvConnectionError):  # without resume: lost, as before
+                env.async_client.resume = None
                 env.step(EchoAction(message="lost"))
             env.reset(episode_id="after")
             env.step(EchoAction(message="found"))
