@@ -154,11 +154,11 @@ class Repeater(Guess):
 
 
 class SeedIgnoring(Guess):
-    "Draws its secret from the global random generator: the seed is silently ignored."
+    "Draws its puzzle (the secret, and the number it shows) from the global random generator: the seed is ignored."
     def reset(self, seed=None, episode_id=None, **kwargs):
-        obs = super().reset(seed, episode_id)
+        super().reset(seed, episode_id)
         self.secret = random.choice(WORDS)
-        return self.observe("guess a fruit")
+        return self.observe(f"puzzle #{random.randrange(10**6)}: guess a fruit")
 
 
 class Overpaying(Guess):
