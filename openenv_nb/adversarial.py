@@ -9,7 +9,7 @@ __all__ = ['POLICIES', 'INVALID_KEY', 'ADVERSARIAL', 'DETERMINISM', 'BARS', 'ext
            'solved', 'play_policies', 'score', 'adversarial_criteria', 'determinism_criteria', 'served_declarations',
            'policy_table', 'sparkline', 'format_policies', 'Scorecard']
 
-# %% ../nbs/14b_adversarial.ipynb #893794ec
+# %% ../nbs/14b_adversarial.ipynb #fb20c680
 import json
 import math
 import random
@@ -24,7 +24,7 @@ from .conformance import Player, criterion, declarations, episode_return, skippe
 from .episodes import digest
 from .schemas import deref, sample_from_schema
 
-# %% ../nbs/14b_adversarial.ipynb #e0b5d0fa
+# %% ../nbs/14b_adversarial.ipynb #29ee5666
 def extremes(s: dict, # the JSON schema of one field
              defs: dict | None = None # what its refs point into
             ) -> list:
@@ -47,7 +47,7 @@ def extremes(s: dict, # the JSON schema of one field
                              * min(s.get("maxItems", 64), 64)]
     return []
 
-# %% ../nbs/14b_adversarial.ipynb #51d7b6bd
+# %% ../nbs/14b_adversarial.ipynb #954606b5
 def degenerate_actions(schema: dict # the action's JSON schema
                       ) -> list[dict]:
     "The emptiest action with one field at a time set to each of its `extremes`."
@@ -56,12 +56,12 @@ def degenerate_actions(schema: dict # the action's JSON schema
     out = [base | {k: v} for k, p in props.items() if k != "metadata" for v in extremes(p, defs)]
     return out or [base]
 
-# %% ../nbs/14b_adversarial.ipynb #97d4b82e
+# %% ../nbs/14b_adversarial.ipynb #4fc3820d
 # the adversarial policies, in the order the report lists them
 POLICIES = ("do-nothing", "random", "degenerate", "invalid", "hill-climb")
 INVALID_KEY = "__openenv_invalid__"  # a field no action has: a server must refuse it
 
-# %% ../nbs/14b_adversarial.ipynb #18027b77
+# %% ../nbs/14b_adversarial.ipynb #9b9e8730
 def invalid_action(schema: dict, # the action's JSON schema
                    declared: dict # what the environment declares (its `invalid_action`)
                   ) -> dict:
@@ -70,7 +70,7 @@ def invalid_action(schema: dict, # the action's JSON schema
     base = sample_from_schema(schema)
     return (base if isinstance(base, dict) else {}) | {INVALID_KEY: True}
 
-# %% ../nbs/14b_adversarial.ipynb #985a8dbc
+# %% ../nbs/14b_adversarial.ipynb #b5b0a795
 def _tally(ep: dict) -> dict:
     "Steps sent, and steps refused (an error frame, or an observation that says `invalid`)."
     said = [f for f in ep["frames"][1:]]
@@ -78,7 +78,7 @@ def _tally(ep: dict) -> dict:
                                                .get("invalid")) for f in said)
     return {"steps": len(ep["actions"]), "invalid": bad}
 
-# %% ../nbs/14b_adversarial.ipynb #660a498c
+# %% ../nbs/14b_adversarial.ipynb #f2bfeee2
 def solved(ep: dict, # an episode, as `Player.episode` keeps it
            declared: dict # what the environment declares (`success_return`, `max_return`)
           ) -> bool | None:
@@ -90,7 +90,7 @@ def solved(ep: dict, # an episode, as `Player.episode` keeps it
                 if declared.get(k) is not None), None)
     return None if top is None else episode_return(ep) >= top - 1e-9
 
-# %% ../nbs/14b_adversarial.ipynb #9acec6f5
+# %% ../nbs/14b_adversarial.ipynb #1bf75a06
 def _climb(p: Player, pool: list, seed: int, budget: int, rng: random.Random) -> list[dict]:
     "Hill-climb on `seed`: mutate the best sequence so far, keep what earns as much; `budget` steps."
     best = p.episode(seed, [rng.choice(pool) for _ in range(p.steps)], policy="hill-climb")
@@ -104,7 +104,7 @@ def _climb(p: Player, pool: list, seed: int, budget: int, rng: random.Random) ->
         if not ep["error"] and episode_return(ep) >= episode_return(best): best = ep
     return eps
 
-# %% ../nbs/14b_adversarial.ipynb #4a93da61
+# %% ../nbs/14b_adversarial.ipynb #f267bc9e
 def play_policies(base: str, # the server's base URL
                   schema: dict, # the action's JSON schema
                   declared: dict, # what the environment declares
@@ -128,7 +128,7 @@ def play_policies(base: str, # the server's base URL
     out["hill-climb"] = _climb(p, pool, 1, max(share, steps), rng)
     return out
 
-# %% ../nbs/14b_adversarial.ipynb #50321f40
+# %% ../nbs/14b_adversarial.ipynb #9bb84618
 ADVERSARIAL = {"no_crash": "No action, however odd, crashes the environment or the server",
                "rewards_in_range": "Under every policy, every reward lies in the declared reward_range",
                "invalid_earns_nothing": "An invalid action, repeated, earns no more than doing nothing",
@@ -136,15 +136,25 @@ ADVERSARIAL = {"no_crash": "No action, however odd, crashes the environment or t
                                      "plus the declared margin",
                "episodes_end": "Every episode ends within the declared max_steps"}
 
-# %% ../nbs/14b_adversarial.ipynb #9ee71a1d
+# %% ../nbs/14b_adversarial.ipynb #01e0f232
+def _ended(ep: dict) -> bool:
+    "Whether `ep`'s last answer ended it."
+    return bool(ep["frames"]) and (ep["frames"][-1].get("data") or {}).get("done") is True
+
+def _refused(ep: dict) -> bool:
+    "Whether the server refused every step of `ep` (it earned nothing, by construction)."
+    return bool(ep["actions"]) and all(f.get("type") == "error" for f in ep["frames"][1:])
+
+# %% ../nbs/14b_adversarial.ipynb #048d3532
 def score(eps: list[dict], # one policy's episodes
-          policy: str # its name
+          policy: str, # its name
+          ended: bool = False, # count only the episodes that ended (`done`)
          ) -> float:
     "A policy's return: the mean for `do-nothing` and `random`, the best episode's for the searchers."
-    rs = [episode_return(e) for e in eps if not e["error"]] or [0.0]
+    rs = [episode_return(e) for e in eps if not e["error"] and (not ended or _ended(e))] or [0.0]
     return statistics.fmean(rs) if policy in ("do-nothing", "random") else max(rs)
 
-# %% ../nbs/14b_adversarial.ipynb #9c59ef12
+# %% ../nbs/14b_adversarial.ipynb #faa15ee7
 def _crashes(played: dict) -> dict:
     "`no_crash`: every answer is an observation or a refusal (`VALIDATION_ERROR`), none a lost connection."
     bad = [(pol, e, f) for pol, eps in played.items() for e in eps for f in e["frames"]
@@ -159,7 +169,7 @@ def _crashes(played: dict) -> dict:
                      else f"{sum(len(e['actions']) for eps in played.values() for e in eps)} "
                           "steps, each answered")
 
-# %% ../nbs/14b_adversarial.ipynb #fbf18f64
+# %% ../nbs/14b_adversarial.ipynb #5bd5f43a
 def _in_range(played: dict, declared: dict) -> dict:
     "`rewards_in_range`: every reward of every policy lies inside the declared range."
     name, rng = "rewards_in_range", declared.get("reward_range")
@@ -175,10 +185,14 @@ def _in_range(played: dict, declared: dict) -> dict:
                              f"[{lo:g}, {hi:g}]: clip the reward, or declare the range it has"
                      if bad else f"inside [{lo:g}, {hi:g}]")
 
-# %% ../nbs/14b_adversarial.ipynb #a8edc3be
+# %% ../nbs/14b_adversarial.ipynb #e3d05af0
 def _invalid(played: dict, declared: dict) -> dict:
     "`invalid_earns_nothing`: the invalid policy's return is no more than doing nothing's."
     name = "invalid_earns_nothing"
+    if all(map(_refused, played["invalid"])):
+        return criterion(name, ADVERSARIAL[name], True, details="the server refused every invalid "
+                         "action, so it earned nothing (declare invalid_action to check one that "
+                         "the environment itself refuses)")
     bad, floor = score(played["invalid"], "invalid"), score(played["do-nothing"], "do-nothing")
     what = json.dumps(invalid_action({}, declared) if declared.get("invalid_action") else
                       played["invalid"][0]["actions"][:1])[:120]
@@ -187,17 +201,18 @@ def _invalid(played: dict, declared: dict) -> dict:
                              f"{floor:g}" + (": an invalid move must not pay (no partial credit)"
                                              if bad > floor + 1e-9 else ""))
 
-# %% ../nbs/14b_adversarial.ipynb #9c5be1a3
+# %% ../nbs/14b_adversarial.ipynb #3a55f2ca
 def _unsolved(played: dict, declared: dict) -> dict:
     "`no_unsolved_reward`: each policy that never solves earns at most the floor plus the margin."
     name = "no_unsolved_reward"
     if all(solved(e, declared) is None for eps in played.values() for e in eps):
         return skipped(name, ADVERSARIAL[name], "nothing says when the task is solved: declare "
                        "success_return or max_return, or send `success` in the metadata")
+    played = {pol: [e for e in eps if _ended(e) and not _refused(e)] for pol, eps in played.items()}
     floor = min(score(played["do-nothing"], "do-nothing"), score(played["random"], "random"))
-    top = floor + (declared.get("reward_margin") or 0.0)
+    top = max(floor + (declared.get("reward_margin") or 0.0), 0.0)
     over = {pol: score(eps, pol) for pol, eps in played.items()
-            if not any(solved(e, declared) for e in eps) and score(eps, pol) > top + 1e-9}
+            if eps and not any(solved(e, declared) for e in eps) and score(eps, pol) > top + 1e-9}
     return criterion(name, ADVERSARIAL[name], not over,
                      details=f"{', '.join(f'{p} earned {s:g}' for p, s in over.items())} without "
                              f"solving, above the floor {floor:g} plus margin "
@@ -205,7 +220,7 @@ def _unsolved(played: dict, declared: dict) -> dict:
                              "not for what these policies do (or declare reward_margin for shaping)"
                      if over else f"the floor is {floor:g}; no policy earned more without solving")
 
-# %% ../nbs/14b_adversarial.ipynb #02c4cb92
+# %% ../nbs/14b_adversarial.ipynb #998d0927
 def _ends(played: dict, declared: dict) -> dict:
     "`episodes_end`: every episode that was answered ends within `max_steps`."
     name, top = "episodes_end", declared.get("max_steps")
@@ -220,7 +235,7 @@ def _ends(played: dict, declared: dict) -> dict:
                              "steps: end the episode at max_steps (or declare the most it takes)"
                      if long else f"each episode ended within {top} steps")
 
-# %% ../nbs/14b_adversarial.ipynb #fe2dc26a
+# %% ../nbs/14b_adversarial.ipynb #3a905d1e
 def adversarial_criteria(played: dict, # `{policy: episodes}`, from `play_policies`
                          declared: dict # what the environment declares
                         ) -> list[dict]:
@@ -228,19 +243,19 @@ def adversarial_criteria(played: dict, # `{policy: episodes}`, from `play_polici
     return [check(played, declared) for check in (lambda p, d: _crashes(p), _in_range, _invalid,
                                                     _unsolved, _ends)]
 
-# %% ../nbs/14b_adversarial.ipynb #501f5ab9
+# %% ../nbs/14b_adversarial.ipynb #af6c8d7b
 DETERMINISM = {"seeds_differ": "Different seeds give different episodes where the environment is "
                                "random",
                "seed_honesty": "A seed the environment cannot honour is answered with a warning, "
                                "never silently ignored"}
 
-# %% ../nbs/14b_adversarial.ipynb #43cf26e9
+# %% ../nbs/14b_adversarial.ipynb #e4364eed
 def _trace(ep: dict) -> tuple:
     "An episode's answers as fingerprints (`episodes.digest`), refusals as their code."
     return tuple(digest(f["data"]) if f.get("type") == "observation"
                  else str((f.get("data") or {}).get("code")) for f in ep["frames"])
 
-# %% ../nbs/14b_adversarial.ipynb #a5967993
+# %% ../nbs/14b_adversarial.ipynb #c578880c
 def _seeds_differ(p: Player, declared: dict, seeds=(1, 2, 3, 4)) -> dict:
     "`seeds_differ`: the same actions on different seeds give more than one episode, where it matters."
     name = "seeds_differ"
@@ -260,7 +275,7 @@ def _seeds_differ(p: Player, declared: dict, seeds=(1, 2, 3, 4)) -> dict:
                      f"one episode on seeds {said}: the environment is not random (declare "
                      "seeded=True to have its seeds held to differ)")
 
-# %% ../nbs/14b_adversarial.ipynb #fc93fd59
+# %% ../nbs/14b_adversarial.ipynb #56abb85c
 def _seed_honesty(p: Player, declared: dict) -> dict:
     "`seed_honesty`: an environment that declares `seeded=False` warns of a seed in its reset's reply."
     name = "seed_honesty"
@@ -275,7 +290,7 @@ def _seed_honesty(p: Player, declared: dict) -> dict:
         "seeded=False is declared, but a reset with a seed says nothing of it: serve the "
         "environment with openenv-nb's server, or put a `warning` in the reset's metadata"))
 
-# %% ../nbs/14b_adversarial.ipynb #e30de63e
+# %% ../nbs/14b_adversarial.ipynb #4754bde7
 def determinism_criteria(base: str, # the server's base URL
                          schema: dict, # the action's JSON schema
                          declared: dict, # what the environment declares (`seeded`)
@@ -287,7 +302,7 @@ def determinism_criteria(base: str, # the server's base URL
     p = Player(base, schema, timeout, steps, headers)
     return [_seeds_differ(p, declared), _seed_honesty(p, declared)]
 
-# %% ../nbs/14b_adversarial.ipynb #bd4b2a14
+# %% ../nbs/14b_adversarial.ipynb #8362eb76
 def served_declarations(base: str, # the server's base URL
                         timeout: float = 5.0, # seconds for the request
                         headers: dict | None = None, # sent with it
@@ -304,7 +319,7 @@ def served_declarations(base: str, # the server's base URL
     out = {k: body[k] for k in keys if isinstance(body, dict) and body.get(k) is not None}
     return out | ({"reward_range": tuple(out["reward_range"])} if "reward_range" in out else {})
 
-# %% ../nbs/14b_adversarial.ipynb #72ac82f9
+# %% ../nbs/14b_adversarial.ipynb #2d5a907a
 def policy_table(played: dict, # `{policy: episodes}`
                 ) -> dict[str, dict]:
     "Per policy: its score (`score`), episodes, steps, invalid share, and every episode's return."
@@ -317,7 +332,7 @@ def policy_table(played: dict, # `{policy: episodes}`
                     "returns": [episode_return(e) for e in eps]}
     return out
 
-# %% ../nbs/14b_adversarial.ipynb #329f99a2
+# %% ../nbs/14b_adversarial.ipynb #354e2306
 BARS = " ▁▂▃▄▅▆▇█"
 
 def sparkline(xs: list[float], # returns
@@ -329,7 +344,7 @@ def sparkline(xs: list[float], # returns
     top = max(counts) or 1
     return "".join(BARS[math.ceil(c / top * 8)] for c in counts)
 
-# %% ../nbs/14b_adversarial.ipynb #86b69add
+# %% ../nbs/14b_adversarial.ipynb #aa2cc50f
 def format_policies(table: dict # from `policy_table`
                    ) -> str:
     "The policy table as text: return, episodes, steps, invalid share, and the returns' histogram."
@@ -341,7 +356,7 @@ def format_policies(table: dict # from `policy_table`
                                f"{r['invalid_share']:>7.0%}  {sparkline(r['returns'], lo, hi)}"
                                for p, r in table.items()])
 
-# %% ../nbs/14b_adversarial.ipynb #394eaf5f
+# %% ../nbs/14b_adversarial.ipynb #2a3acf9d
 class Scorecard:
     "A validation report, shown in a notebook: its checks, and what each adversarial policy earned."
     def __init__(self, report: dict): self.report = report
@@ -364,7 +379,7 @@ class Scorecard:
                     for p, x in pol.items()]
         return "\n".join(out)
 
-# %% ../nbs/14b_adversarial.ipynb #13a4f127
+# %% ../nbs/14b_adversarial.ipynb #d2155dd8
 @patch
 def plot(self: Scorecard, ax=None):
     "The return distributions of the policies, as a matplotlib box plot (`ax` made when not given)."

@@ -362,5 +362,6 @@ def test_the_adversarial_report_from_the_command_line(server):
     assert report["policies"]["degenerate"]["return"] == pytest.approx(0.8)
     r = openenv("validate", "--url", url, "--level", "adversarial", "--budget", "200")
     table = r.stdout.splitlines()[-6:]
+    assert len(table) == 6, (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
     assert table[0].split()[:5] == ["policy", "return", "episodes", "steps", "invalid"], r.stdout
     assert table[3].split()[:2] == ["degenerate", "0.8"], table
