@@ -1,6 +1,7 @@
-"""Seeds that mean something, across the catalog: every environment we serve passes `openenv validate --level
-determinism` (the same seed and actions replay; where it is random, different seeds differ; a seed it cannot honour is
-warned of). Small, offline configurations of each family."""
+"""Seeds that mean something and rewards you can trust, across the catalog: every environment we serve passes
+`openenv validate --level all` with a small budget (the same seed and actions replay; where it is random, different
+seeds differ; a seed it cannot honour is warned of; no adversarial policy cheats its reward). Small, offline
+configurations of each family."""
 import warnings
 
 import pytest
@@ -19,11 +20,11 @@ CATALOG = [("echo", False), ("coding", False),
 
 
 @pytest.mark.parametrize("target,random_", CATALOG, ids=[t for t, _ in CATALOG])
-def test_seeds_mean_something(target, random_):
+def test_the_catalog_passes_every_level(target, random_):
     pytest.importorskip(FAMILY.get(target.split(":")[0], "openenv_nb"), reason=f"{target} needs its extra")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = validate(target, level="determinism", timeout=30)
+        report = validate(target, level="all", timeout=30, budget=100)
     assert report["passed"], format_report(report)
     by = {c["id"]: c for c in report["criteria"]}
     assert by["episode_determinism"]["passed"] and not by["episode_determinism"].get("skipped"), by["episode_determinism"]
