@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +27,8 @@ from fastcore.basics import patch_to, store_attr
 from pydantic import BaseModel, Field, ValidationError
 
 from .doors import Doors
-from .environment import Environment, overrides
+from .environment import (Environment, SeedIgnored, overrides, seed_warning,
+                                    with_declarations)
 from .mcp import CallToolAction, ListToolsAction, RpcError, parse_action, rpc
 from .rubrics import rubric_scores
 from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation,
@@ -225,8 +227,11 @@ def _no_args(hub: Hub, data: dict) -> None: return None
 
 # %% ../nbs/01a_actions.ipynb #cf8b7816
 async def _reset(hub: Hub, env: Environment, kw: dict, **extra) -> dict:
-    "Reset `env` with the checked keyword arguments `kw`."
+    "Reset `env` with the checked keyword arguments `kw`; a seed it cannot honour is warned of."
     obs = await call_env(env, "reset", hub.pool, **kw, **extra)
+    if why := seed_warning(env, kw.get("seed")):
+        warnings.warn(why, SeedIgnored, stacklevel=2)
+        obs.metadata["warning"] = why
     return {"type": "observation", "data": to_envelope(obs)}
 
 # %% ../nbs/01a_actions.ipynb #d97e99f6
@@ -258,10 +263,7 @@ async def _state(hub: Hub, env: Environment, args=None, **extra) -> dict:
 # %% ../nbs/01a_actions.ipynb #25651da0
 async def _metadata(hub: Hub, env: Environment, args=None, **extra) -> dict:
     "What `env` says about itself, kept by the hub (it does not change)."
-    if hub.metadata is None:
-        md = env.get_metadata()
-        if md.replayable is None and getattr(type(env), "REPLAYABLE", False): md = md.model_copy(update={"replayable": True})
-        hub.metadata = md
+    if hub.metadata is None: hub.metadata = with_declarations(env.get_metadata(), env)
     return {"type": "metadata", "data": hub.metadata.model_dump(mode="json")}
 
 # %% ../nbs/01a_actions.ipynb #6a89e370

@@ -30,7 +30,7 @@ from .sandbox import SandboxError
 from .scaffold import ScaffoldError, init_project, placeholders
 from .server import serve
 from .targets import TargetError, app_for, resolve
-from .validate import LEVELS, format_report, validate
+from .validate import LEVELS, format_policies, format_report, validate
 
 # %% ../nbs/07_cli.ipynb #c082962a
 class CommandError(Exception):
@@ -148,10 +148,13 @@ def cmd_validate(a: Namespace) -> int:
     if (heads or token is not None) and not url:
         raise CommandError("--header and --token go to a running server: give its URL")
     if url: _answering(url, a.timeout)
+    if getattr(a, "budget", 400) < 1: raise CommandError("--budget must be at least 1 step")
     try: report = validate(url or a.path or ".", level=a.level, timeout=a.timeout, log=_note,
-                           headers=heads, token=token)
+                           headers=heads, token=token, budget=getattr(a, "budget", 400))
     except ValueError as e: raise CommandError(str(e)) from None
-    print(json.dumps(report, indent=2) if a.json else format_report(report))
+    text = format_report(report) + (f"\n{format_policies(report['policies'])}"
+                                    if report.get("policies") else "")
+    print(json.dumps(report, indent=2) if a.json else text)
     return 0 if report["passed"] else 1
 
 # %% ../nbs/07_cli.ipynb #4fa5de09
@@ -332,6 +335,7 @@ def _validate_parser(sub):
              "folder\n"
              "  openenv validate --url http://127.0.0.1:8000 --json\n  openenv validate echo "
              "--level semantic            play episodes and check they mean something\n"
+             "  openenv validate echo --level all --budget 200    and try to cheat its reward\n"
              "  openenv validate wordle                           an environment by the name "
              "`openenv list` shows\n"
              "  openenv validate https://org-env.hf.space --header \"Authorization: Bearer "
@@ -345,9 +349,12 @@ def _validate_parser(sub):
                                  "a real episode")
     v.add_argument("--json", action="store_true",
                    help="print the report as JSON (OpenEnv's report layout)")
-    v.add_argument("--level", choices=LEVELS, default=None,
-                   help="static (no server), runtime (the protocol) or semantic "
-                   "(episodes played for meaning); default: runtime for a URL, static otherwise")
+    v.add_argument("--level", choices=(*LEVELS, "all"), default=None,
+                   help="static (no server), runtime (the protocol), semantic (episodes played "
+                   "for meaning), determinism (seeds), adversarial (policies that try to cheat "
+                   "the reward) or all; default: runtime for a URL, static otherwise")
+    v.add_argument("--budget", type=int, default=400, metavar="STEPS",
+                   help="the most steps the adversarial policies play (default: %(default)s)")
     v.add_argument("--timeout", type=float, default=5.0, metavar="S",
                    help="seconds for each request (default: %(default)s)")
     v.add_argument("--header", action="append", metavar="'NAME: VALUE'",

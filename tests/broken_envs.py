@@ -29,7 +29,7 @@ class Guess(Environment[GuessAction, GuessObservation, State]):
     "Guess the secret fruit, chosen by the seed, in 4 tries; a wrong guess says how many letters are in place."
     SUPPORTS_CONCURRENT_SESSIONS = True
     TRIES = 4
-    reward_range, max_return = (0.0, 1.0), 1.0
+    reward_range, max_return, max_steps = (0.0, 1.0), 1.0, 4
 
     def __init__(self):
         super().__init__()
@@ -122,9 +122,82 @@ def with_tool(name: str) -> FastAPI:
     return app
 
 
+# --- broken for the determinism and adversarial levels: each pays for something other than solving -----------------
+
+class MessageLength(Guess):
+    "Pays a wrong guess for its length: a policy that never guesses right learns to write long guesses."
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        return obs if obs.reward else obs.model_copy(update={"reward": len(action.word) / 100})
+
+
+class PartialCredit(Guess):
+    "Gives partial credit for an invalid guess (one that is not letters only), as TextArena once did."
+    invalid_action = {"word": "?!"}
+
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        invalid = any(not c.isalpha() for c in action.word)
+        return obs.model_copy(update={"reward": 0.2, "hint": "invalid guess: letters only"}) if invalid else obs
+
+
+class Repeater(Guess):
+    "Pays for guessing the same word again."
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.last = None
+        return super().reset(seed, episode_id)
+
+    def step(self, action, timeout_s=None, **kwargs):
+        obs, again = super().step(action), action.word == self.last
+        self.last = action.word
+        return obs.model_copy(update={"reward": 0.25}) if again and not obs.reward else obs
+
+
+class SeedIgnoring(Guess):
+    "Draws its puzzle (the secret, and the number it shows) from the global random generator: the seed is ignored."
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        super().reset(seed, episode_id)
+        self.secret = random.choice(WORDS)
+        return self.observe(f"puzzle #{random.randrange(10**6)}: guess a fruit")
+
+
+class Overpaying(Guess):
+    "Punishes the longest guess with -1, below the declared reward_range: only extreme values find it."
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        return obs.model_copy(update={"reward": -1.0}) if len(action.word) >= 20 else obs
+
+
+class Endless(Guess):
+    "Declares at most 4 steps, but never ends an episode without a right guess."
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        return obs if obs.reward else obs.model_copy(update={"done": False})
+
+
+class Fragile(Guess):
+    "Raises on a guess that is not ASCII, instead of refusing it in its schema."
+    def step(self, action, timeout_s=None, **kwargs):
+        action.word.encode("ascii")
+        return super().step(action)
+
+
+class DeclaredUnseeded(SeedIgnoring):
+    "Ignores the seed, and says so: seeded = False."
+    seeded = False
+
+
 ReservedToolName = with_tool("step")
 PlainToolName = with_tool("guess")
 
 BROKEN = {"json_schemas": "BadSchema", "reserved_tool_names": "ReservedToolName",
           "episode_determinism": "Nondeterministic", "reward_range": "OutOfRange", "floor_gap": "TriviallySolvable",
           "oracle_max": "WrongReference", "no_solution_leakage": "Leaky", "episode_isolation": "SharedState"}
+# what each planted reward bug is caught by: (the environment, the level, the check that fails)
+CHEATS = {"message length": ("MessageLength", "adversarial", "no_unsolved_reward"),
+          "partial credit for invalid moves": ("PartialCredit", "adversarial", "invalid_earns_nothing"),
+          "repeating one action": ("Repeater", "adversarial", "no_unsolved_reward"),
+          "a seed ignored": ("SeedIgnoring", "determinism", "episode_determinism"),
+          "a reward outside its range": ("Overpaying", "adversarial", "rewards_in_range"),
+          "an episode past max_steps": ("Endless", "adversarial", "episodes_end"),
+          "a crash on odd input": ("Fragile", "adversarial", "no_crash")}

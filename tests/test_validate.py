@@ -323,3 +323,45 @@ def test_our_server_of_a_broken_tool_environment_fails_over_the_wire_too(check):
     needs_served_tools()
     report = validate_env(TOOL_BROKEN[check], level="runtime")
     assert report["summary"]["failed_criteria"] == [check, "mcp_tools_list"], format_report(report)
+
+
+# --- determinism and adversarial: planted reward bugs, each caught by its level ---------------------------------------
+
+@pytest.mark.parametrize("bug", list(broken_envs.CHEATS))
+def test_each_planted_reward_bug_is_caught_by_its_level(bug):
+    name, level, check = broken_envs.CHEATS[bug]
+    report = validate(f"broken_envs:{name}", level=level, budget=200)
+    failed = next(c for c in report["criteria"] if c["id"] == check)
+    assert not report["passed"] and not failed["passed"], format_report(report)
+    assert ":" in failed["details"] or "(" in failed["details"], failed  # says what to do
+    below = {"adversarial": "determinism", "determinism": "runtime"}[level]  # the level below does not see it
+    assert check not in validate(f"broken_envs:{name}", level=below)["summary"]["failed_criteria"]
+
+
+def test_guess_passes_all_levels_and_reports_each_policy():
+    report = validate("broken_envs:Guess", level="all", budget=200)
+    assert report["passed"] and report["level"] == "adversarial", format_report(report)
+    assert list(report["policies"]) == ["do-nothing", "random", "degenerate", "invalid", "hill-climb"]
+    assert report["policies"]["invalid"]["invalid_share"] == 1.0  # refused by the server, earning nothing
+    ends = next(c for c in report["criteria"] if c["id"] == "episodes_end")
+    assert ends["passed"] and not ends.get("skipped"), ends
+
+
+def test_a_declared_unsupported_seed_is_warned_of_not_ignored():
+    report = validate("broken_envs:DeclaredUnseeded", level="determinism")
+    by = {c["id"]: c for c in report["criteria"]}
+    assert by["seed_honesty"]["passed"] and "seed 5 was not honoured" in by["seed_honesty"]["details"], by["seed_honesty"]
+    assert by["episode_determinism"]["skipped"] and by["seeds_differ"]["skipped"]
+
+
+def test_the_adversarial_report_from_the_command_line(server):
+    url = server("broken_envs:MessageLength")  # by URL: held to what its /metadata declares
+    r = openenv("validate", "--url", url, "--level", "all", "--budget", "200", "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 1 and report["summary"]["failed_criteria"] == ["no_unsolved_reward"], r.stdout[-2000:]
+    assert report["policies"]["degenerate"]["return"] == pytest.approx(0.8)
+    r = openenv("validate", "--url", url, "--level", "adversarial", "--budget", "200")
+    table = r.stdout.splitlines()[-6:]
+    assert len(table) == 6, (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
+    assert table[0].split()[:5] == ["policy", "return", "episodes", "steps", "invalid"], r.stdout
+    assert table[3].split()[:2] == ["degenerate", "0.8"], table

@@ -450,13 +450,15 @@ REWARD_ARGS = ("sutton_barto_reward", "reward_schedule")
 def gym_declarations(env_id: str, # a registered id, e.g. `"CartPole-v1"`
                      **kwargs # its `gym.make` arguments
                     ) -> dict:
-    "`reward_range` and `max_return` of `env_id` made with `kwargs`, where `REWARDS` knows them."
+    "`reward_range`, `max_return`, `max_steps` (and `reward_margin` for a reward per step survived)."
     name = env_id.rpartition("/")[2].rpartition("-v")[0]
     if name not in REWARDS or any(k in kwargs for k in REWARD_ARGS): return {}
     (low, high), best = REWARDS[name]
     steps = kwargs.get("max_episode_steps") or gym.spec(env_id).max_episode_steps
-    if best == "steps": best = high * steps if steps else None
-    return {"reward_range": (low, high), "max_return": best}
+    dense = best == "steps"  # paid for each step survived: every reward is progress (shaping)
+    if dense: best = high * steps if steps else None
+    return {"reward_range": (low, high), "max_return": best} | (
+        {"max_steps": steps} if steps else {}) | ({"reward_margin": best} if dense and best else {})
 
 # %% ../../nbs/envs/gym.ipynb #530884ed
 @functools.cache
