@@ -18,7 +18,7 @@ from fastcore.basics import patch
 
 from .client import HTTPEnvClient
 from .environment import Environment
-from .rubrics import Rubric, _labels
+from .rubrics import _labels
 from .trl import ToolEnv, environment_factory
 from .types import EnvServerError
 

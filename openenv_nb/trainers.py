@@ -12,7 +12,6 @@ __all__ = ['TOOL_CALL', 'RESET_KEYS', 'VERL_SIGNATURES', 'OPENRLHF_SIGNATURES', 
 # %% ../nbs/17b_trainers.ipynb #eb18ffd4
 import asyncio
 import importlib
-import inspect
 import json
 import re
 import uuid
@@ -20,7 +19,7 @@ from typing import Any
 
 from fastcore.basics import patch
 
-from .trl import ToolCallFailed, ToolEnv, as_text, environment_factory
+from .trl import ToolCallFailed, ToolEnv, environment_factory
 
 # %% ../nbs/17b_trainers.ipynb #8558ac37
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)  # Hermes / Qwen tool-call tags

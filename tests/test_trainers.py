@@ -5,11 +5,17 @@ import asyncio
 import json
 
 import pytest
-
 from conftest import need
+
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.server import create_app, serve_in_thread
-from openenv_nb.trainers import VerlTool, openrlhf_agent, play_openrlhf, skyrl_env, verl_tools_config
+from openenv_nb.trainers import (
+    VerlTool,
+    openrlhf_agent,
+    play_openrlhf,
+    skyrl_env,
+    verl_tools_config,
+)
 
 
 def call(name: str, **arguments) -> str:
@@ -60,7 +66,7 @@ def test_skyrl_plays_cartpole_to_the_end(skyrl):
     from openenv_nb.envs.gym import make_gym_target
     with serve_in_thread(create_app(make_gym_target("CartPole-v1"), max_concurrent_envs=4)) as url:
         skyrl.register(id="openenv-test-cartpole", entry_point=skyrl_env(url))
-        chat, outs = episode(skyrl, "openenv-test-cartpole", [call("cart_pole_v1", action=1)] * 50,
+        _, outs = episode(skyrl, "openenv-test-cartpole", [call("cart_pole_v1", action=1)] * 50,
                              extras={"seed": 0})
     assert outs[-1]["done"] and outs[-1]["observations"] == [] and 5 < len(outs) < 50
     assert sum(o["reward"] for o in outs) == len(outs)
@@ -72,7 +78,7 @@ def test_skyrl_plays_chess_in_plain_text(skyrl):
     from openenv_nb.envs.chess import chess_env
     with serve_in_thread(create_app(chess_env(opponent="none", svg=False), max_concurrent_envs=4)) as url:
         skyrl.register(id="openenv-test-chess", entry_point=skyrl_env(url, plain="move"))
-        chat, outs = episode(skyrl, "openenv-test-chess", ["f3", "e5", "Ke3", "g4", "Qh4#"])
+        _, outs = episode(skyrl, "openenv-test-chess", ["f3", "e5", "Ke3", "g4", "Qh4#"])
     assert "move in this position" in outs[2]["observations"][0]["content"]  # Ke3 is not legal
     assert [o["done"] for o in outs] == [False, False, False, False, True]
     assert outs[-1]["metadata"]["tool_calls"] == 1
