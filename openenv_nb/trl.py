@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal, Union
 from fastcore.basics import patch
 from pydantic import BaseModel
 
+from .actions import RUBRIC_KEY
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient
 from .mcp_client import tool_from, tool_value
 from .providers import LocalProcessProvider
@@ -313,7 +314,7 @@ class ToolEnv:
 
     def __init__(self):
         self.client, self.rewards, self.done = None, [], False
-        self.resets, self.observation = 0, None
+        self.resets, self.observation, self.scores = 0, None, []  # scores: each step's rubric
         type(self)._instances.add(self)
 
 # %% ../nbs/17_trl.ipynb #052383cf
@@ -324,7 +325,7 @@ def reset(self: ToolEnv, **kwargs) -> str:
                                                            **self._auth).sync()
     r = self.client.reset(**{k: v for k, v in kwargs.items() if k not in self._exclude})
     self.rewards = [] if r.reward is None else [r.reward]
-    self.done, self.observation = r.done, r.observation
+    self.done, self.observation, self.scores = r.done, r.observation, []
     self.resets += 1
     return self.separator + self._render(r.observation)
 
@@ -338,6 +339,7 @@ def _act(self: ToolEnv, action: dict) -> str:
     r = self.client.step(action)
     if r.reward is not None: self.rewards.append(r.reward)
     self.done, self.observation = r.done, r.observation
+    if rubric := (r.metadata or {}).get(RUBRIC_KEY): self.scores.append(rubric)
     if err := tool_error(r.observation): raise ToolCallFailed(err)
     return self._render(r.observation)
 

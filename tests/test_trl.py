@@ -11,6 +11,8 @@ from conftest import need_trl, start_server
 from openenv_nb.environment import Environment
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoObservation
 from openenv_nb.types import State
+from openenv_nb.envspec import EnvSpec, EnvSpecs
+from openenv_nb.rubrics import Rubric
 from openenv_nb.trl import environment_factory, mcp_tools, tiny_causal_lm, tiny_chat_tokenizer
 
 pytestmark = pytest.mark.trl
@@ -212,3 +214,95 @@ def test_a_token_goes_to_the_server_started_and_to_every_session():
         assert e.client.headers == {"Authorization": "Bearer s3cret"} and e.echo_message(message="ok") == "ok"
         with pytest.raises(EnvConnectionError, match="401"): GenericEnvClient(Locked._endpoint.owned.base_url, token="").sync().connect()
     finally: Locked.close()
+
+
+class Length(Rubric):
+    "Up to 1 for a message of 10 characters or more."
+    def forward(self, action, observation): return min(len(action.message), 10) / 10
+
+
+class Greeting(Rubric):
+    "1 when the message says hello."
+    def forward(self, action, observation): return float("hello" in action.message.lower())
+
+
+class EchoRubric(Rubric):
+    "Half length, half greeting: two components for the logs."
+    def __init__(self): super().__init__(); self.length, self.greeting = Length(), Greeting()
+    def forward(self, action, observation):
+        return 0.5 * self.length(action, observation) + 0.5 * self.greeting(action, observation)
+
+
+class Graded(ClassicEcho):
+    """`ClassicEcho` scored by `EchoRubric`, with three tasks (the Task API). Served as `test_trl:Graded`."""
+    TASKS = ["hello", "say hello twice", "anything"]
+    def __init__(self): super().__init__(); self.rubric = EchoRubric()
+    def reset(self, seed=None, episode_id=None, split=None, index=None, **kwargs):
+        self._reset_rubric()
+        obs = super().reset(seed=seed, episode_id=episode_id)
+        obs.echoed_message = self.TASKS[index or 0]
+        return obs
+    def step(self, action, timeout_s=None, **kwargs):
+        obs = super().step(action)
+        obs.reward = self._apply_rubric(action, obs)
+        return obs
+    def list_splits(self): return ["train"]
+    def num_tasks(self, split): return len(self.TASKS)
+    def get_task(self, split, index): return {"index": index, "message": self.TASKS[index]}
+    def get_task_range(self, split, start=None, stop=None): return [self.get_task(split, i) for i in range(3)[start:stop]]
+    def list_tasks(self, split): return self.get_task_range(split)
+
+
+def step_logs(trainer) -> list[dict]:
+    "The log line of each optimisation step."
+    return [h for h in trainer.state.log_history if "reward" in h and "loss" in h]
+
+
+@pytest.fixture
+def importable(monkeypatch):
+    "Servers that a spec starts can import this module (`test_trl:Graded`)."
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+def test_an_env_spec_trains_with_its_rubric_in_the_logs(trl_kit, tmp_path, importable):
+    "`EnvSpec`: tasks as rows, a server sized for the batch, each rubric component logged, only the reward trains."
+    from openenv_nb.client import HTTPEnvClient
+    spec = EnvSpec(Graded, prompt="Say hello with the echo tool.")
+    args = config(trl_kit, tmp_path, max_completion_length=256)
+    try:
+        tok = tiny_chat_tokenizer()
+        kw = spec.trainer_kwargs(args)
+        assert kw["train_dataset"].to_list()[2] == {"prompt": [{"role": "user", "content": "Say hello with the echo tool."}],
+                                                    "split": "train", "index": 2}
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), processing_class=tok, **kw)
+        scripted(trainer, tok)
+        trainer.train()
+        with HTTPEnvClient(spec.environment_factory._endpoint.owned.base_url) as http: held = http.health()["max_sessions"]
+    finally: spec.close()
+    assert (trainer.state.global_step, held) == (2, args.generation_batch_size + 1)
+    logs = step_logs(trainer)
+    assert len(logs) == 2
+    for log in logs:
+        assert log["rewards/Graded/length/mean"] == pytest.approx(0.5)  # "hello": 5 of 10 characters
+        assert log["rewards/Graded/greeting/mean"] == pytest.approx(1.0)
+        assert log["rewards/Graded/mean"] == pytest.approx(0.75) == log["reward"]  # the components weigh 0
+
+
+def test_env_specs_train_two_environments_at_once(trl_kit, tmp_path, classic_url, importable):
+    "`EnvSpecs`: rows of both environments in every batch, each environment's reward and components in the logs."
+    specs = EnvSpecs({"graded": EnvSpec(Graded), "classic": EnvSpec(classic_url)})
+    args = config(trl_kit, tmp_path, max_completion_length=256, per_device_train_batch_size=4, shuffle_dataset=False)
+    try:
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), processing_class=tok, **specs.trainer_kwargs(args))
+        scripted(trainer, tok)
+        trainer.train()
+    finally: specs.close()
+    logs = step_logs(trainer)
+    assert trainer.state.global_step == 2 and len(logs) == 2
+    for log in logs:
+        assert log["rewards/Graded/length/mean"] == pytest.approx(0.5)
+        assert log["rewards/Graded/greeting/mean"] == pytest.approx(1.0)
+        assert log["rewards/Graded/mean"] == pytest.approx(0.75)
+        assert log["rewards/ClassicEcho/mean"] == pytest.approx(0.5)  # 0.1 per character of "hello"
