@@ -192,3 +192,55 @@ def test_grace_zero_offers_no_resume():
                 return env.extensions, hub.kept
     ext, kept = asyncio.run(main())
     assert "resume" not in ext and kept == {}
+
+
+# ---------------------------------------------------------------- VectorEnv: each environment resumes on its own
+from openenv_nb.vector import VectorEnv
+
+
+async def vector_run(urls, steps, cut=None, n=8):
+    "Rewards and echoed messages of `steps` batch steps; `cut(k)` runs before step k (a lost server)."
+    rng, out = random.Random(5), []
+    async with VectorEnv(urls, num_envs=n, resume=FAST) as v:
+        await v.reset(seed=1)
+        for k in range(steps):
+            if cut: await cut(k)
+            r = await v.step([{"message": "".join(rng.choices("xyz", k=rng.randint(0, 4)))} for _ in range(n)])
+            out.append([(o and o["echoed_message"], rw, repr(e) if e else None)
+                        for o, rw, e in zip(r.observations, r.rewards, r.errors)])
+        return out, v.resumes, [s.step_count if not isinstance(s, Exception) else s for s in await v.states()]
+
+
+def test_a_vector_rebuilds_the_episodes_of_a_lost_server_and_leaves_the_others_alone():
+    async def main(u1, u2, make_app):
+        calm = await vector_run([u1, u2], 6)
+        async with Chaos(port_of(u1)) as p1, Chaos(port_of(u2)) as p2:
+            async def cut(k):
+                if k == 2: p1.cut_all()  # a blip
+                if k == 4:  # a restart: another server behind the same URL
+                    nonlocal spare
+                    spare = served(make_app()); url, _ = spare.__enter__()
+                    p2.target = port_of(url); p2.cut_all()
+            spare = None
+            try: rough = await vector_run([p1.url, p2.url], 6, cut)
+            finally:
+                if spare: spare.__exit__(None, None, None)
+        return calm, rough
+    make_app = lambda: create_app(EchoEnvironment, max_concurrent_envs=16)
+    with served(make_app()) as (u1, _), served(make_app()) as (u2, _):
+        (calm, _, n0), (rough, resumes, n1) = asyncio.run(main(u1, u2, make_app))
+    assert rough == calm and n1 == n0 == [6] * 8  # the same results; every step applied once
+    assert resumes == 8  # four environments on each server, each rebuilt once
+
+
+def test_a_vector_over_an_unreplayable_server_loses_only_its_episodes():
+    async def main(u1, u2):
+        async with Chaos(port_of(u1)) as p1:
+            async with VectorEnv([p1.url, u2], num_envs=4, resume=FAST) as v:
+                await v.reset(seed=1)
+                p1.cut_all()
+                r = await v.step([{"message": "m"}] * 4)
+                return [type(e).__name__ if e else None for e in r.errors]
+    with served(create_app(Unreplayable, max_concurrent_envs=4)) as (u1, _), \
+         served(create_app(EchoEnvironment, max_concurrent_envs=4)) as (u2, _):
+        assert asyncio.run(main(u1, u2)) == ["EpisodeLost", "EpisodeLost", None, None]

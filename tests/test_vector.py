@@ -5,6 +5,8 @@ import os
 import signal
 
 import pytest
+
+from openenv_nb.resume import Resume
 from websockets.asyncio.client import connect
 
 from openenv_nb.client import EpisodeLost, ws_url
@@ -68,7 +70,8 @@ def test_mixed_done_with_auto_reset(server):
 def test_a_dead_server_fails_only_its_environments():
     a, b = start_server("echo"), start_server("echo")
     try:
-        with EchoVector([a.base_url, b.base_url], num_envs=4, connect_timeout_s=2).sync() as venv:
+        with EchoVector([a.base_url, b.base_url], num_envs=4, connect_timeout_s=2,
+                        resume=Resume(attempts=2, first_delay_s=0.1)).sync() as venv:
             venv.reset()
             os.killpg(b.proc.pid, signal.SIGKILL)
             r = venv.step([EchoAction(message="hi")] * 4)
