@@ -14,6 +14,18 @@ from openenv_nb.client import GenericEnvClient
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.runner import serve_in_thread
 from openenv_nb.server import create_app
+from openenv_nb.vector import VectorEnv
+
+
+async def vector_rate(urls: list[str], resume: bool, steps: int, n: int = 256) -> float:
+    "Environment steps per second of a `VectorEnv` of `n` echo environments."
+    async with VectorEnv(urls, num_envs=n, resume=resume) as v:
+        await v.reset(seed=1)
+        acts = [{"message": "hi"}] * n
+        for _ in range(20): await v.step(acts)
+        t = time.perf_counter()
+        for _ in range(steps): await v.step(acts)
+        return steps * n / (time.perf_counter() - t)
 
 
 async def rate(url: str, resume: bool, steps: int) -> float:
@@ -32,17 +44,22 @@ def main():
     a = ap.parse_args()
     on_app = create_app(EchoEnvironment, max_concurrent_envs=4)
     off_app = create_app(EchoEnvironment, max_concurrent_envs=4, resume_grace_s=0)
-    with serve_in_thread(on_app) as on, serve_in_thread(off_app) as off:
-        runs = {"on": [], "off": []}
+    vec = create_app(EchoEnvironment, max_concurrent_envs=512)
+    with serve_in_thread(on_app) as on, serve_in_thread(off_app) as off, serve_in_thread(vec) as v:
+        runs = {k: [] for k in ("WS off", "WS on", "batch 256 off", "batch 256 on")}
         for _ in range(a.repeat):
-            for name, url in (("off", off), ("on", on)):
-                runs[name].append(asyncio.run(rate(url, name == "on", a.steps)))
-    print(f"| resume | steps/s (median of {a.repeat}) | stdev | min | max |")
+            runs["WS off"].append(asyncio.run(rate(off, False, a.steps)))
+            runs["WS on"].append(asyncio.run(rate(on, True, a.steps)))
+            runs["batch 256 off"].append(asyncio.run(vector_rate([v], False, a.steps // 50)))
+            runs["batch 256 on"].append(asyncio.run(vector_rate([v], True, a.steps // 50)))
+    print(f"| case | steps/s (median of {a.repeat}) | stdev | min | max |")
     print("|---|---|---|---|---|")
     for name, xs in runs.items():
         print(f"| {name} | {statistics.median(xs):,.0f} | {statistics.stdev(xs):,.0f} | {min(xs):,.0f} | {max(xs):,.0f} |")
-    print(f"cost of resume: {1 - statistics.median(runs['on']) / statistics.median(runs['off']):+.1%} of steps/s "
-          "(client and server in one process here: the server runs in a thread)")
+    for case in ("WS", "batch 256"):
+        on_, off_ = statistics.median(runs[f"{case} on"]), statistics.median(runs[f"{case} off"])
+        print(f"{case}: resume costs {1 - on_ / off_:+.1%} of steps/s")
+    print("(client and server in one process: the servers run in threads)")
 
 
 if __name__ == "__main__":
