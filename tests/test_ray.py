@@ -9,6 +9,7 @@ import pytest
 from openenv_nb.envs.echo import EchoAction, EchoObservation
 from openenv_nb.providers import ProviderError, healthy
 from openenv_nb.ray import PlacementError, RayProvider
+from openenv_nb.resume import Resume
 from openenv_nb.types import EnvConnectionError, State
 from openenv_nb.vector import VectorEnv
 from conftest import need
@@ -142,35 +143,28 @@ def test_servers_in_docker_containers_leave_nothing(cluster, docker_engine):
     assert [c.name for o in owners for c in client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={o}"})] == []
 
 
-def test_killing_the_worker_node_fails_its_episodes_and_moves_its_servers(cluster):
-    """Last in the file: it kills the module's worker node."""
-    with provider(cluster, num_servers=4, spread=True, failures_to_restart=2) as rp:
+def test_killing_the_worker_node_moves_its_servers_and_rebuilds_its_episodes(cluster):
+    """Last in the file: it kills the module's worker node. 256 environments over four servers, two of them on the
+    worker: its 128 episodes are rebuilt by replay on the replacement servers, the others go on untouched."""
+    n = 256
+    with provider(cluster, num_servers=4, spread=True, failures_to_restart=2, sessions_per_server=n // 4) as rp:
         on_worker = [s.index for s in rp.servers if s.node_ip == WORKER]
         assert len(on_worker) == 2
         old = list(rp.urls)
-        with EchoVector(rp, num_envs=8).sync() as venv:  # two environments per server, in server order
-            assert venv.reset().ok
-            lost = [i for i in range(8) if i // 2 in on_worker]
+        patient = Resume(attempts=200, total_s=120, first_delay_s=0.1, max_delay_s=1.0)
+        with EchoVector(rp, num_envs=n, resume=patient).sync() as venv:  # in server order, 64 each
+            assert venv.reset(seed=0).ok
+            assert venv.step([EchoAction(message="hi")] * n).ok
             t0 = time.monotonic()
             cluster.kill_node(1)
-            r = venv.step([EchoAction(message="hi")] * 8)  # the dropped connections fail it (how fast: printed below)
-            failed_in = time.monotonic() - t0
-            assert [i for i, e in enumerate(r.errors) if e is not None] == lost
-            for i in lost:
-                assert isinstance(r.errors[i], EnvConnectionError)
-                assert str(r.errors[i]).startswith(f"Environment {i} lost its episode: ")
-                assert "keepalive ping timeout" not in str(r.errors[i])  # failed by the drop, not after a ping timed out
-            assert all(r.observations[i].echoed_message == "hi" for i in range(8) if i not in lost)  # the others go on
-
-            moved = lambda: all(rp.urls[k] != old[k] for k in on_worker)
-            assert wait_for(moved, 60), f"no new URLs; events: {rp.events}"  # a deadline for a hang, not a timing
-            print(f"failed in {failed_in:.2f} s; new URLs after {time.monotonic() - t0:.1f} s")
-            assert all(rp.servers[k].node_ip == HEAD and rp.servers[k].restarts == 1 for k in on_worker)
+            r = venv.step([EchoAction(message="again")] * n)  # waits for the replacements, then replays
+            took = time.monotonic() - t0
+            assert r.ok, [e for e in r.errors if e][:3]
+            assert {o.echoed_message for o in r.observations} == {"again"}
+            assert venv.resumes == n // 2 and [s.step_count for s in venv.states()] == [2] * n
+            print(f"{n // 2} episodes rebuilt {took:.1f} s after the node was killed; events: {rp.events}")
+            assert all(rp.urls[k] != old[k] and rp.servers[k].node_ip == HEAD for k in on_worker)
             assert [rp.urls[k] for k in range(4) if k not in on_worker] == [old[k] for k in range(4) if k not in on_worker]
-            r = venv.reset()
-            assert r.ok, r.errors
-            r = venv.step([EchoAction(message="again")] * 8)
-            assert r.ok and {o.echoed_message for o in r.observations} == {"again"}
         assert any("restarted" in what for _, what in rp.events)
         pids = [s.pid for s in rp.servers]
     assert gone(pids)
