@@ -122,6 +122,7 @@ class Hub:
         self.seen: dict[str, float] = {}  # when each was last used (`time.monotonic()`)
         self.reaper: asyncio.Task | None = None  # the task that closes idle ones
         self.kept: dict = {}  # resumable WebSocket sessions, by token (see `parking`)
+        self.snapshots = None  # the sessions' snapshots (`snapshots.Store`), made on first use
         # sessions resumed; replies sent again to a resent request (not applied twice); parked ones let go
         self.resumed, self.answered_again, self.evicted = 0, 0, 0
 

@@ -6,7 +6,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/environment.html.md"""
 
 # %% auto #0
 __all__ = ['ActT', 'ObsT', 'StateT', 'Transform', 'Environment', 'overrides', 'Steps', 'batch_hook', 'env_types', 'declared',
-           'with_declarations', 'SeedIgnored', 'seed_warning', 'split_spec', 'join_spec', 'unknown_name']
+           'with_declarations', 'SeedIgnored', 'seed_warning', 'can_snapshot', 'split_spec', 'join_spec',
+           'unknown_name']
 
 # %% ../nbs/01_environment.ipynb #bccbafd0
 import functools
@@ -214,6 +215,12 @@ def seed_warning(env: Environment, # the environment being reset
     return (f"{type(env).__name__} declares seeded=False: seed {seed} was not honoured, so this "
             "episode cannot be replayed from it; reset without a seed, or make the environment "
             "draw its randomness from random.Random(seed)")
+
+# %% ../nbs/01_environment.ipynb #27ba2e3e
+def can_snapshot(env: Environment | type # an environment, or its class
+                ) -> bool:
+    "Whether `env`'s class copies its own state: it defines `snapshot_state` and `restore_state`."
+    return all(callable(getattr(env, n, None)) for n in ("snapshot_state", "restore_state"))
 
 # %% ../nbs/01_environment.ipynb #6af64e86
 import difflib

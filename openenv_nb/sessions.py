@@ -25,15 +25,17 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from .actions import KINDS, Hub, _log, act, at_capacity, factory_error, invalid, raised
 from .aio import gather_eager
 from .doors import chosen_protocol
-from .environment import Environment, Steps, batch_hook
+from .environment import Environment, Steps, batch_hook, can_snapshot
 from .mcp import INVALID_REQUEST, RpcError
 from .mcp_sessions import drop_session, session_close
 from .messages import MESSAGES, IdleTimer, decode, reply, send_frame
 from .parking import Kept, forget, keep, new_token, park, room, take
+from .snapshots import SNAPSHOT_MESSAGES, Trail, store_of
+from .snapshots import restore as restore_snapshot, take as take_snapshot
 from .types import EXT_HEADER, RESUME_HEADER, SESSION_HEADER, ErrorCode, error_frame, list_adapter, loads
 
 # %% ../nbs/02b_sessions.ipynb #dda81ce8
-EXTENSIONS = ("request-id", "idle-timeout", "health-capacity", "batch", "step-kwargs", "resume")
+EXTENSIONS = ("request-id", "idle-timeout", "health-capacity", "batch", "step-kwargs", "resume", "snapshot")
 # the handshake header's value: `resume` only where dropped sessions are kept (`grace_s`)
 _OFFERED = {True: ", ".join(EXTENSIONS).encode(),
             False: ", ".join(e for e in EXTENSIONS if e != "resume").encode()}
@@ -150,6 +152,9 @@ class Session:
                  token: str | None = None): # its `resume` token: it can be parked and resumed
         self.hub, self.env, self.batch, self.sid, self.token = hub, env, "batch" in ext, sid, token
         self.kinds = {**MESSAGES, **BATCH_MESSAGES} if self.batch else MESSAGES
+        # `snapshot`: what it keeps of the episode (see `snapshots`), and the two message types
+        self.trail = None if "snapshot" not in ext or env is None else Trail(replay=not can_snapshot(env))
+        if self.trail is not None: self.kinds = {**MESSAGES, **SNAPSHOT_MESSAGES}
         self.envs: dict[int, Environment] = {}
         self.next_id = 0
         # resumable: the last reply (sent again to a resent request), one call at a time, and
@@ -167,10 +172,14 @@ async def answer(self, m: BaseModel) -> dict | None:
                            "This connection asked for 'batch' and has no default environment: "
                            "open environments with 'batch.open' and address them in 'batch' ops",
                            errors=[])
-    if kind == "mcp": return await act(self.hub, self.env, kind, m.data, methods=self.rpc_methods())
-    if kind == "step": return await act(self.hub, self.env, kind, m.data,
-                                        **m.kwargs.model_dump(exclude_unset=True))
-    return await act(self.hub, self.env, kind, getattr(m, "data", {}))
+    if kind == "snapshot": return await take_snapshot(self.hub, self.env, self.trail, self)
+    if kind == "restore": return await restore_snapshot(self.hub, self.env, self.trail,
+                                                        m.data.snapshot_id)
+    kw = m.kwargs.model_dump(exclude_unset=True) if kind == "step" else {}
+    if kind == "mcp": out = await act(self.hub, self.env, kind, m.data, methods=self.rpc_methods())
+    else: out = await act(self.hub, self.env, kind, getattr(m, "data", {}), **kw)
+    if self.trail is not None: self.trail.record(kind, getattr(m, "data", {}), kw, out)
+    return out
 
 # %% ../nbs/02b_sessions.ipynb #2fc8d506
 @patch_to(Session)
@@ -529,6 +538,7 @@ async def serve_session(hub: Hub, # the server's shared state
                 hub.active -= slot
                 if env is not None and attached is None: await hub.close_env(env)
                 await session.release()
+                if session.trail is not None: store_of(hub).drop_owner(session)
 
 # %% ../nbs/02b_sessions.ipynb #20b97d6a
 async def _refuse(ws: WebSocket, hub: Hub):

@@ -39,22 +39,26 @@ def process(work: Path) -> list[Path]:
     return sorted(p for p in (work / "_proc").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
-def to_html(nb: Path, proc: Path, out: Path, scratch: Path) -> Path:
-    "Render the processed notebook `nb` (under `proc`) to its page under `out`; links to notebooks go to pages."
-    rel = nb.relative_to(proc)
-    clean = scratch / rel  # nbdev's processor leaves keys (e.g. `has_sd`) that nbformat refuses
-    clean.parent.mkdir(parents=True, exist_ok=True)
-    d = json.loads(nb.read_text())
-    d["cells"] = [clean_cell(c) for c in d["cells"] if c["cell_type"] != "raw"]  # raw cells: Quarto's front matter
-    clean.write_text(json.dumps(d))
-    dest = out / rel.parent
-    dest.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(dest), str(clean)],
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode: raise RuntimeError(f"{rel}: {r.stderr[-2000:]}")
-    html = out / rel.with_suffix(".html")
-    html.write_text(re.sub(r'href="([^"#:]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html.read_text()))
-    return html
+def to_html(nbs: list[Path], proc: Path, out: Path, scratch: Path) -> list[Path]:
+    "Render the processed notebooks `nbs` (under `proc`) to their pages under `out`; links to notebooks go to pages."
+    by_dir: dict[Path, list[Path]] = {}
+    for nb in nbs:
+        rel = nb.relative_to(proc)
+        clean = scratch / rel  # nbdev's processor leaves keys (e.g. `has_sd`) that nbformat refuses
+        clean.parent.mkdir(parents=True, exist_ok=True)
+        d = json.loads(nb.read_text())
+        d["cells"] = [clean_cell(c) for c in d["cells"] if c["cell_type"] != "raw"]  # raw cells: Quarto's front matter
+        clean.write_text(json.dumps(d))
+        by_dir.setdefault(rel.parent, []).append(clean)
+    for folder, cleans in by_dir.items():  # one nbconvert per folder: its start-up is most of the time
+        dest = out / folder
+        dest.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(dest),
+                            *map(str, cleans)], capture_output=True, text=True, timeout=600)
+        if r.returncode: raise RuntimeError(f"{folder}: {r.stderr[-2000:]}")
+    pages = [out / nb.relative_to(proc).with_suffix(".html") for nb in nbs]
+    for html in pages: html.write_text(re.sub(r'href="([^"#:]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', html.read_text()))
+    return pages
 
 
 def build(out: Path, work: Path | None = None) -> dict:
@@ -62,7 +66,7 @@ def build(out: Path, work: Path | None = None) -> dict:
     work = Path(work or tempfile.mkdtemp(prefix="openenv-docs-"))
     pages = process(work)
     shutil.rmtree(out, ignore_errors=True)
-    for nb in pages: to_html(nb, work / "_proc", out, work / "clean")
+    to_html(pages, work / "_proc", out, work / "clean")
     return {"proc": work / "_proc", "pages": pages, "nbs": work / "nbs", "out": out}
 
 

@@ -293,6 +293,26 @@ def get_metadata(self: ChessEnvironment) -> EnvironmentMetadata:
                                description=f"Chess against the {self.opponent!r} opponent; moves "
                                            "in UCI or SAN")
 
+# %% ../../nbs/envs/chess.ipynb #a3ec5678
+_COPIED = ("board", "color", "opponent_move", "started", "_state", "opponent", "agent_color", "policy")
+
+@patch
+def snapshot_state(self: ChessEnvironment) -> dict:
+    "A copy of the game: board and move stack, the opponent's generator state, the bookkeeping."
+    out = {k: getattr(self, k) for k in _COPIED}
+    out.update(board=self.board.copy(stack=True), _state=self._state.model_copy(deep=True),
+               rng=self.rng.getstate())
+    return out
+
+@patch
+def restore_state(self: ChessEnvironment, state: dict, # what `snapshot_state` returned
+                  episode_id: str): # the restored game's id
+    "Go on from `state`, as a new game id with its step count."
+    for k in _COPIED: setattr(self, k, state[k])
+    self.board = state["board"].copy(stack=True)
+    self._state = state["_state"].model_copy(deep=True, update={"episode_id": episode_id})
+    self.rng = random.Random(); self.rng.setstate(state["rng"])
+
 # %% ../../nbs/envs/chess.ipynb #9616c14f
 def chess_declarations(illegal_reward: float = -0.1 # the reward for a move that is not legal
                       ) -> dict:

@@ -75,6 +75,18 @@ async def step_async(self: EchoEnvironment, action: EchoAction, timeout_s: float
     return await MCPEnvironment.step_async(self, action, timeout_s=timeout_s, **kwargs)
 
 
+# %% ../../nbs/envs/echo.ipynb #7a68cac7
+@patch
+def snapshot_state(self: EchoEnvironment) -> State:
+    "A copy of the episode's state (its id and step count)."
+    return self._state.model_copy()
+
+@patch
+def restore_state(self: EchoEnvironment, state: State, # what `snapshot_state` returned
+                  episode_id: str): # the restored episode's id
+    "Go on from `state`, as a new episode with its step count."
+    self._state = state.model_copy(update={"episode_id": episode_id})
+
 # %% ../../nbs/envs/echo.ipynb #e5dae243
 ECHO_TASKS = {"train": ("hello", "openenv", "echo this back"),
               "test": ("goodbye", "one last message")}

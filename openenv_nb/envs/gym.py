@@ -326,6 +326,22 @@ def get_metadata(self: GymEnvironment) -> EnvironmentMetadata:
                                            f"{self.env.action_space}, observations in "
                                            f"{self.env.observation_space}")
 
+# %% ../../nbs/envs/gym.ipynb #c778fd27
+import copy
+
+@patch
+def snapshot_state(self: GymEnvironment) -> dict:
+    "A deep copy of the Gymnasium environment (wrappers, state, random generator), its step count."
+    return {"env": copy.deepcopy(self.env), "steps": self.steps}
+
+@patch
+def restore_state(self: GymEnvironment, state: dict, # what `snapshot_state` returned
+                  episode_id: str): # the restored episode's id
+    "Go on from `state` (a fresh copy of it), as a new episode with its step count."
+    old, self.env = self.env, copy.deepcopy(state["env"])
+    self.steps, self.episode_id = state["steps"], episode_id
+    old.close()
+
 # %% ../../nbs/envs/gym.ipynb #9b21d8da
 class InlineGymEnvironment(GymEnvironment):
     "A `GymEnvironment` the server calls on its event loop: for steps that take microseconds."

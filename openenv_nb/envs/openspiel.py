@@ -266,6 +266,26 @@ def get_metadata(self: OpenSpielEnvironment) -> EnvironmentMetadata:
                                            f"{self.num_players}, against the {self.opponent!r} "
                                            "policy")
 
+# %% ../../nbs/envs/openspiel.ipynb #b0db2620
+_OS_COPIED = ("last_opponent", "returns", "moves", "opponent", "agent_player", "policy")
+
+@patch
+def snapshot_state(self: OpenSpielEnvironment) -> dict:
+    "A copy of the game: the OpenSpiel state (cloned), the generator state, the bookkeeping."
+    out = {k: getattr(self, k) for k in _OS_COPIED}
+    out.update(gstate=None if self.gstate is None else self.gstate.clone(),
+               _state=self._state.model_copy(deep=True), rng=self.rng.getstate())
+    return out
+
+@patch
+def restore_state(self: OpenSpielEnvironment, state: dict, # what `snapshot_state` returned
+                  episode_id: str): # the restored game's id
+    "Go on from `state`, as a new game id with its step count."
+    for k in _OS_COPIED: setattr(self, k, state[k])
+    self.gstate = None if state["gstate"] is None else state["gstate"].clone()
+    self._state = state["_state"].model_copy(deep=True, update={"episode_id": episode_id})
+    self.rng = random.Random(); self.rng.setstate(state["rng"])
+
 # %% ../../nbs/envs/openspiel.ipynb #e3a1e454
 @patch
 async def reset_async(self: OpenSpielEnvironment, seed: int | None = None,

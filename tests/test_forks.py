@@ -1,0 +1,135 @@
+"""Forks of live episodes over WebSocket: every branch of a fork, continued with the same actions, gives the trace of
+a from-scratch replay (seed, prefix, suffix); bad snapshot ids and forks are refused and leave the session usable.
+8 branches per fork (the issue's 64 is the same code path; 8 keeps CI fast)."""
+import asyncio
+import importlib.util
+import random
+
+import pytest
+
+import openenv_nb.forks  # noqa: F401  (adds snapshot, restore, fork to EnvClient)
+from conftest import need
+from openenv_nb.client import GenericEnvClient
+from openenv_nb.envs.echo import EchoEnvironment
+from openenv_nb.forks import MAX_FORKS, Snapshot
+from openenv_nb.runner import serve_in_thread
+from openenv_nb.server import create_app
+from openenv_nb.snapshots import Store
+from openenv_nb.targets import make_app
+from openenv_nb.types import EnvServerError
+
+BRANCHES = 8
+
+
+class ReplayedEcho(EchoEnvironment):
+    "Echo without its native hooks: snapshotted by replay."
+    snapshot_state = restore_state = None
+
+
+def actions_for(family, n, rng):
+    if family in ("echo", "echo-replay"): return [{"message": "".join(rng.choices("abc", k=rng.randint(0, 4)))}
+                                                  for _ in range(n)]
+    if family == "cartpole": return [{"action": rng.randint(0, 1)} for _ in range(n)]
+    if family == "chess": return [{"move": m} for m in ("e2e4", "g1f3", "f1c4", "b1c3", "d2d3", "c1g5")[:n]]
+    raise ValueError(family)
+
+
+FAMILIES = {"echo": (EchoEnvironment, 3, 5), "echo-replay": (ReplayedEcho, 3, 5),
+            "cartpole": ("gym:CartPole-v1", 4, 6), "chess": ("chess", 3, 3)}
+
+
+def app_for(target):
+    return (create_app(target, max_concurrent_envs=32) if not isinstance(target, str)
+            else make_app(target, max_sessions=32))
+
+
+async def continued(env, actions):
+    "The trace of `actions` on `env`: each reply's observation (no metadata), reward and done."
+    out = []
+    for a in actions:
+        r = await env.step(a)
+        out.append(({k: v for k, v in r.observation.items() if k != "metadata"}, r.reward, r.done))
+        if r.done: break
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_branches_match_replay(family):
+    "Fork at step k into 8 branches; each goes on with the suffix exactly as seed + prefix + suffix from scratch."
+    target, k, rest = FAMILIES[family]
+    extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess")}.get(family)
+    if extra: need(extra[0], importlib.util.find_spec(extra[1]) is not None, f"needs the {extra[0]} extra")
+    rng = random.Random(family)
+    seed, prefix, suffix = rng.randrange(10**6), actions_for(family, k, rng), actions_for(family, rest, rng)
+    if family == "chess": prefix, suffix = prefix[:k], actions_for(family, k + rest, rng)[k:]
+    async def main(url):
+        async with GenericEnvClient(url) as fresh:
+            await fresh.reset(seed=seed)
+            await continued(fresh, prefix)
+            want = await continued(fresh, suffix)
+        async with GenericEnvClient(url) as env:
+            await env.reset(seed=seed)
+            await continued(env, prefix)
+            kids = await env.fork(BRANCHES)
+            steps = [(await kid.state())["step_count"] for kid in kids]
+            got = await asyncio.gather(*[continued(kid, suffix) for kid in kids])
+            mine = await continued(env, suffix)  # the original goes on undisturbed
+        return want, steps, got, mine
+    with serve_in_thread(app_for(target)) as url:
+        want, steps, got, mine = asyncio.run(main(url))
+    assert want and steps == [len(prefix)] * BRANCHES
+    assert all(g == want for g in got) and mine == want
+
+
+def test_red_team():
+    "Tampered, expired, foreign-server ids, a fork with no episode and n out of bounds: refused, session usable."
+    now = [0.0]
+    a, b = create_app(EchoEnvironment, max_concurrent_envs=8), create_app(EchoEnvironment, max_concurrent_envs=8)
+    a.state.hub.snapshots = Store(ttl_s=60, clock=lambda: now[0])
+    async def main(url_a, url_b):
+        async with GenericEnvClient(url_a) as env, GenericEnvClient(url_a) as other, GenericEnvClient(url_b) as far:
+            with pytest.raises(EnvServerError, match="no episode to snapshot"): await env.fork(2)
+            for n in (0, -1, MAX_FORKS + 1, 2.0, True):
+                with pytest.raises(ValueError, match="fork.n. takes n from 1"): await env.fork(n)
+            await env.reset(seed=1); await env.step({"message": "hi"})
+            snap = await env.snapshot()
+            forged = [Snapshot(snap.id[:-1] + ("A" if snap.id[-1] != "A" else "B"), None, 1, True, snap.log),
+                      Snapshot("x" * 500, None, 1, True, snap.log), Snapshot("", None, 1, True, snap.log)]
+            for bad in forged:
+                with pytest.raises(EnvServerError): await other.restore(bad)
+            with pytest.raises(EnvServerError, match="Unknown or expired"): await far.restore(snap)
+            await other.reset(); await other.step({"message": "x"})
+            theirs = await other.snapshot()
+            now[0] = 61.0  # another session's snapshot, expired
+            with pytest.raises(EnvServerError, match="Unknown or expired"): await env.restore(theirs)
+            with pytest.raises(TypeError, match="takes a Snapshot"): await env.restore(snap.id)
+            # every session is still usable
+            r = await env.step({"message": "ok"})
+            assert r.observation["echoed_message"] == "ok" and (await env.state())["step_count"] == 2
+            assert (await other.step({"message": "y"})).reward == pytest.approx(0.1)
+            fresh = await env.snapshot()
+            assert (await other.restore(fresh)).observation["echoed_message"] == "ok"
+            assert (await other.state())["step_count"] == 2
+    with serve_in_thread(a) as url_a, serve_in_thread(b) as url_b: asyncio.run(main(url_a, url_b))
+
+
+def test_not_snapshottable_and_limits():
+    "An environment that neither copies itself nor replays is refused; a session keeps at most max_count."
+    class Opaque(ReplayedEcho): REPLAYABLE = False
+    app = create_app(Opaque, max_concurrent_envs=4)
+    app.state.hub.snapshots = Store(max_count=2)
+    async def main(url):
+        async with GenericEnvClient(url) as env:
+            await env.reset()
+            with pytest.raises(EnvServerError, match="cannot be snapshotted"): await env.snapshot()
+            assert (await env.step({"message": "still"})).observation["echoed_message"] == "still"
+    with serve_in_thread(app) as url: asyncio.run(main(url))
+    app = create_app(EchoEnvironment, max_concurrent_envs=4)
+    app.state.hub.snapshots = Store(max_count=2)
+    async def limits(url):
+        async with GenericEnvClient(url) as env:
+            await env.reset()
+            first, _, last = [await env.snapshot() for _ in range(3)]
+            with pytest.raises(EnvServerError, match="at most 2 per session"): await env.restore(first)
+            assert (await env.restore(last)).observation is not None
+    with serve_in_thread(app) as url: asyncio.run(limits(url))
