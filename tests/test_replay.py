@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import broken_envs
 import pytest
 
-import broken_envs
 from openenv_nb.audit import audit
 from openenv_nb.cli import main
 from openenv_nb.client import GenericEnvClient
@@ -85,7 +85,7 @@ def test_a_seed_ignored_is_flagged_at_its_first_differing_reply(seed_ignoring, c
 def test_from_the_shell_exit_1_when_it_differs_and_2_when_it_cannot_replay(seed_ignoring, tmp_path):
     log, url = seed_ignoring
     run = lambda *a: subprocess.run([sys.executable, "-m", "openenv_nb.cli", "replay", *a],
-                                    capture_output=True, text=True, timeout=120)
+                                    check=False, capture_output=True, text=True, timeout=120)
     r = run(str(log), "--url", url)
     assert (r.returncode, r.stdout.count("\n")) == (1, 1) and "differs at the reset's reply" in r.stdout, r
     (tmp_path / "x.jsonl").write_text("not json\n")
