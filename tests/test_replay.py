@@ -94,3 +94,26 @@ def test_from_the_shell_exit_1_when_it_differs_and_2_when_it_cannot_replay(seed_
                        ((str(log), "--url", "http://127.0.0.1:9"), "nothing answers at http://127.0.0.1:9")]:
         r = run(*args)
         assert (r.returncode, r.stderr.count("\n")) == (2, 1) and says in r.stderr, (args, r)
+
+
+def test_init_from_an_episode_makes_a_regression_test_that_fails_when_the_environment_changes(tmp_path):
+    "A new project's recorded episode, made a test by `openenv init --from-episode`: it passes under pytest, and fails"
+    "at the first differing reply once the environment answers another way."
+    assert main(["init", "maze_env", "-o", str(tmp_path)]) == 0
+    proj = tmp_path / "maze_env"
+    with serve_in_thread(make_app(str(proj))) as url, GenericEnvClient(url).sync() as env:
+        env.reset(seed=4)
+        for g in (50, 75, 60): env.step({"guess": g})
+        log = env.episode.save(tmp_path / "three_guesses.jsonl")
+    r = subprocess.run([sys.executable, "-m", "openenv_nb.cli", "init", "maze_env", "-o", str(tmp_path),
+                        "--from-episode", str(log)], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and (proj / "tests/episodes/three_guesses.jsonl").is_file(), r
+    test = lambda: subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "tests/test_episodes.py"], check=False, capture_output=True, text=True,
+                                  cwd=proj, timeout=300)
+    r = test()
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    core = proj / "maze_env" / "core.py"
+    core.write_text(core.read_text().replace('"higher"', '"up"').replace('"lower"', '"down"'))
+    r = test()
+    assert r.returncode == 1 and "observation" in r.stdout and "differs at step" in r.stdout, r.stdout
