@@ -63,8 +63,18 @@ def test_every_screenshot_is_committed_small_and_shown():
 def test_the_catalog_covers_every_environment():
     heads = [l for c in json.loads(CATALOG.read_text())["cells"] if c["cell_type"] == "markdown"
              for l in "".join(c["source"]).splitlines() if l.startswith("## ")]
-    assert heads == ["## echo", "## coding", "## gym:ID", "## openspiel:GAME", "## textarena:ID", "## chess"], heads
+    assert heads == ["## Report card", "## echo", "## coding", "## gym:ID", "## openspiel:GAME", "## textarena:ID",
+                     "## chess"], heads
     assert {t.partition(":")[0] for t, _ in screenshots.SHOTS.values()} == set(IMAGES)
+
+
+def test_the_report_card_rates_every_family_and_every_one_passes():
+    "The report card's table, as the page shows it (the notebook's test runs the checks that make it)."
+    cell = next(c for c in json.loads(CATALOG.read_text())["cells"] if "card = [card_row" in "".join(c["source"]))
+    rows = "".join(cell["outputs"][0]["data"]["text/markdown"]).splitlines()[2:]
+    rated = {r.split("|")[1].strip().strip("`").partition(":")[0] for r in rows}
+    assert rated == set(IMAGES), rated
+    assert all("honoured" in r and "| yes |" in r and "passes" in r for r in rows), rows
 
 
 @pytest.mark.browser

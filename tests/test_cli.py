@@ -58,9 +58,9 @@ def serving(*args, cwd=None, timeout=30, env=None):
 def test_help_reads_well():
     r = openenv("--help")
     assert r.returncode == 0
-    for cmd in ("init", "serve", "list", "validate", "build", "push", "demo"): assert re.search(rf"^\s+{cmd}\s+\w", r.stdout, re.M), cmd
+    for cmd in ("init", "serve", "list", "validate", "replay", "build", "push", "demo"): assert re.search(rf"^\s+{cmd}\s+\w", r.stdout, re.M), cmd
     assert "the environment author's path:" in r.stdout and "openenv init my_env" in r.stdout
-    for cmd in ("init", "serve", "list", "validate", "build", "push", "demo"):
+    for cmd in ("init", "serve", "list", "validate", "replay", "build", "push", "demo"):
         r = openenv(cmd, "--help")
         assert r.returncode == 0 and r.stdout.startswith(f"usage: openenv {cmd}"), r.stdout
         assert len(r.stdout.splitlines()[2]) > 20  # a description, not just the usage line
