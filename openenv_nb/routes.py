@@ -28,15 +28,17 @@ async def one_shot(hub: Hub, # the server's shared state
                    data: dict, # the call's data
                    **extra): # more keyword arguments for the environment's method
     "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot meanwhile."
-    if hub.active >= hub.max_sessions: return at_capacity(hub)
-    hub.active, made = hub.active + 1, []
+    # what an environment says about itself needs no slot: it is asked once, and a full server is asked too
+    slot = 0 if kind == "metadata" else 1
+    if slot and not room(hub): return at_capacity(hub)
+    hub.active, made = hub.active + slot, []
     async def fresh() -> Environment:
         made.append(await hub.make_env())
         return made[0]
     try: return await act(hub, fresh, kind, data, **extra)
     finally:
         if made: await hub.close_env(made[0])
-        hub.active -= 1
+        hub.active -= slot
 
 # %% ../nbs/02d_routes.ipynb #746b9e6e
 class Health(BaseModel):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .actions import Hub, at_capacity, factory_error, http_reply, raised
 from .environment import Environment
+from .parking import room
 
 # %% ../nbs/02a_tasks.ipynb #b7eccbd8
 @runtime_checkable
@@ -122,7 +123,7 @@ async def run(self, fn, # a task method of an environment
 async def fresh(self) -> AsyncIterator[Environment]:
     "A new environment, holding a server slot until closed; the capacity error when none is free."
     hub = self.hub
-    if hub.active >= hub.max_sessions: raise http_error(at_capacity(hub))
+    if not room(hub): raise http_error(at_capacity(hub))
     hub.active += 1
     try:
         try: env = await hub.make_env()

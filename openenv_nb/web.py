@@ -30,6 +30,7 @@ from .messages import IdleTimer, reply
 from .environment import Environment
 from .forms import form_fields, image_fields, is_tool_action, reward_parts, tool_forms, tool_spec
 from .types import Action, ErrorCode, ResetRequest, StepRequest, error_frame
+from .parking import room as make_room  # `room` here is a web room
 
 # %% ../nbs/05_web.ipynb #cea4f579
 class WebEpisode:
@@ -80,7 +81,7 @@ def claim(self) -> dict | None:
     if self.closed: return error_frame(ErrorCode.SESSION_ERROR, "This episode has ended: reload")
     hub = self.hub
     if self.slot: return None
-    if hub.active >= hub.max_sessions: return _full(hub)
+    if not make_room(hub): return _full(hub)
     hub.active, self.slot = hub.active + 1, True
 
 # %% ../nbs/05_web.ipynb #8ca6f570
