@@ -6,8 +6,8 @@ Docs: https://openenv-nb.github.io/openenv-nb/sessions.html.md"""
 
 # %% auto #0
 __all__ = ['EXTENSIONS', 'MAX_BATCH', 'BATCH_MESSAGES', 'WATCH_AFTER', 'listed', 'Op', 'BatchOpenMsg', 'BatchMsg',
-           'BatchCloseMsg', 'BatchStepMsg', 'BatchResetMsg', 'Session', 'check_all', 'run_checked', 'as_columns',
-           'run_together', 'Watch', 'serve_session', 'attach', 'ws_endpoint']
+           'BatchCloseMsg', 'BatchStepMsg', 'BatchResetMsg', 'Session', 'fitted', 'check_all', 'run_checked',
+           'as_columns', 'run_together', 'Watch', 'serve_session', 'attach', 'ws_endpoint']
 
 # %% ../nbs/02b_sessions.ipynb #dc5d72ee
 import asyncio
@@ -28,9 +28,11 @@ from .doors import chosen_protocol
 from .environment import Environment, Steps, batch_hook
 from .mcp import INVALID_REQUEST, RpcError
 from .mcp_sessions import drop_session, session_close
-from .messages import MESSAGES, IdleTimer, decode, reply, send_frame
+from .messages import (MESSAGES, Framed, IdleTimer, capped, decode, reply, send_frame,
+                                  too_big, unwritable)
 from .parking import Kept, forget, keep, new_token, park, room, take
-from .types import EXT_HEADER, RESUME_HEADER, SESSION_HEADER, ErrorCode, error_frame, list_adapter, loads
+from .types import (EXT_HEADER, RESUME_HEADER, SESSION_HEADER, ErrorCode, dumps, error_frame,
+                              list_adapter, loads)
 
 # %% ../nbs/02b_sessions.ipynb #dda81ce8
 EXTENSIONS = ("request-id", "idle-timeout", "health-capacity", "batch", "step-kwargs", "resume")
@@ -156,21 +158,61 @@ class Session:
         # whether the next frame is the first on a resumed socket; the socket serving it now
         self.last, self.busy, self.resent, self.owner = None, asyncio.Lock(), False, None
 
+# %% ../nbs/02b_sessions.ipynb #cef69ae4
+def _size(x) -> int | None:
+    "The length of `x` written as JSON; `None` when it cannot be written."
+    try: return len(dumps(x))
+    except (TypeError, ValueError, RecursionError): return None
+
+
+# %% ../nbs/02b_sessions.ipynb #8d54d38f
+def fitted(frame: dict, # a reply to a batch message
+           cap: int # the largest reply, in bytes (`Hub.max_reply`)
+          ) -> dict:
+    "`frame` written within `cap` bytes: in a `batch` or `batch.results`, each entry that would pass it is an error."
+    if frame["type"] not in ("batch", "batch.results"): return capped(frame, cap)
+    try:
+        if len(raw := dumps(frame)) <= cap: return Framed(frame, raw)
+    except (TypeError, ValueError, RecursionError): pass  # an entry JSON cannot hold: found below
+    d = frame["data"]
+    cols = frame["type"] == "batch.results"
+    entries = list(zip(d["observations"], d["errors"])) if cols else d["results"]
+    n = len(entries)
+    if cols: d["observations"], d["errors"] = [None] * n, [None] * n
+    else: d["results"] = [None] * n
+    what = "The result for envs[{}]" if cols else "The result of ops[{}]"
+    worst = error_frame(ErrorCode.EXECUTION_ERROR, too_big(10**12, cap, what.format(n)),
+                        max_reply_size=cap)
+    used = len(dumps(frame)) + n * (len(dumps(worst["data"] if cols else worst)) + 1)
+    for k, e in enumerate(entries):
+        if (size := _size(e)) is None: bad = unwritable(e, ValueError("not JSON"))
+        elif used + size <= cap: bad, used = None, used + size
+        else: bad = error_frame(ErrorCode.EXECUTION_ERROR, too_big(size, cap, what.format(k)),
+                                max_reply_size=cap)
+        if not cols: d["results"][k] = e if bad is None else bad
+        elif bad is None: d["observations"][k], d["errors"][k] = e
+        else: d["errors"][k], d["rewards"][k], d["dones"][k] = bad["data"], None, False
+    return capped(frame, cap)
+
+
 # %% ../nbs/02b_sessions.ipynb #9641eee6
 @patch_to(Session)
 async def answer(self, m: BaseModel) -> dict | None:
-    "The reply to the typed message `m`; `None` for `close`."
+    "The reply to the typed message `m`, written within the server's cap (`capped`, `fitted`); `None` for `close`."
     if (kind := m.type) == "close": return None
-    if kind in BATCH_MESSAGES: return await self.act_batch(m)
+    hub = self.hub
+    if kind in BATCH_MESSAGES: return fitted(await self.act_batch(m), hub.max_reply)
     if self.env is None:
         return error_frame(ErrorCode.VALIDATION_ERROR,
                            "This connection asked for 'batch' and has no default environment: "
                            "open environments with 'batch.open' and address them in 'batch' ops",
                            errors=[])
-    if kind == "mcp": return await act(self.hub, self.env, kind, m.data, methods=self.rpc_methods())
-    if kind == "step": return await act(self.hub, self.env, kind, m.data,
-                                        **m.kwargs.model_dump(exclude_unset=True))
-    return await act(self.hub, self.env, kind, getattr(m, "data", {}))
+    if kind == "mcp": out = await act(hub, self.env, kind, m.data, methods=self.rpc_methods())
+    elif kind == "step": out = await act(hub, self.env, kind, m.data,
+                                         **m.kwargs.model_dump(exclude_unset=True))
+    else: out = await act(hub, self.env, kind, getattr(m, "data", {}))
+    return capped(out, hub.max_reply)
+
 
 # %% ../nbs/02b_sessions.ipynb #2fc8d506
 @patch_to(Session)
