@@ -7,7 +7,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/actions.html.md"""
 # %% auto #0
 __all__ = ['QUICK_S', 'QUICK_RUNS', 'REPLY_FACTOR', 'MIN_REPLY', 'RUBRIC_KEY', 'KINDS', 'ENVELOPE', 'accepted', 'call_env',
            'reply_limit', 'Hub', 'invalid', 'raised', 'factory_error', 'at_capacity', 'Kind', 'step_limit', 'Checked',
-           'act', 'http_reply', 'HTTPError']
+           'act', 'http_reply', 'HTTPError', 'Written']
 
 # %% ../nbs/01a_actions.ipynb #6f441b6c
 import asyncio
@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, NamedTuple
 
 from fastcore.basics import patch_to, store_attr
 from pydantic import BaseModel, Field, ValidationError
+from starlette.responses import JSONResponse
 
 from .doors import Doors
 from .environment import (Environment, SeedIgnored, overrides, seed_warning,
@@ -34,7 +35,7 @@ from .mcp import CallToolAction, ListToolsAction, RpcError, parse_action, rpc
 from .rubrics import rubric_scores
 from .types import (Action, Envelope, EnvironmentMetadata, ErrorCode, Observation,
                               ResetRequest, State,
-                              clean, error_frame, to_envelope)
+                              clean, dumps, error_frame, to_envelope)
 
 # %% ../nbs/01a_actions.ipynb #02fd4629
 @functools.lru_cache(maxsize=256)
@@ -360,3 +361,14 @@ class HTTPError(BaseModel):
 ENVELOPE = dict(response_model=None,
                 responses={c: {"model": HTTPError}
                            for c in (422, 500, 503)} | {200: {"model": Envelope}})
+
+# %% ../nbs/01a_actions.ipynb #1f8e9a4c
+class Written(JSONResponse):
+    "A `JSONResponse` written by `dumps`: lone surrogates as U+FFFD, `NaN` as `null`; what JSON cannot hold, a 500."
+    def render(self, content: Any) -> bytes:
+        try: return dumps(content)
+        except (TypeError, ValueError, RecursionError) as e:
+            self.status_code = 500
+            return dumps({"detail": {"code": "EXECUTION_ERROR", "message": "The reply could not be "
+                                     f"written as JSON: {type(e).__name__}: {str(e)[:200]}"}})
+
