@@ -72,7 +72,7 @@ _ASYNC = {"reset": "reset_async", "step": "step_async"}
 async def call_env(env: Environment, # the session's environment
                    name: str, # `"reset"` or `"step"`
                    pool: ThreadPoolExecutor, # where blocking methods run
-                   *args, **kwargs):
+                   /, *args, **kwargs):
     "Call `env.name` (or its async twin) with the keyword arguments it accepts."
     if ((twin := _twin(type(env), name)) is not None
             or (twin := _ASYNC[name]) in getattr(env, "__dict__", ())):
@@ -246,7 +246,7 @@ def _no_args(hub: Hub, data: dict) -> None: return None
 
 
 # %% ../nbs/01a_actions.ipynb #cf8b7816
-async def _reset(hub: Hub, env: Environment, kw: dict, **extra) -> dict:
+async def _reset(hub: Hub, env: Environment, kw: dict, /, **extra) -> dict:
     "Reset `env` with the checked keyword arguments `kw`; a seed it cannot honour is warned of."
     obs = await call_env(env, "reset", hub.pool, **kw, **extra)
     if why := seed_warning(env, kw.get("seed")):
@@ -265,7 +265,7 @@ RUBRIC_KEY = "rubric"  # where a step's rubric scores go in its observation's `m
 
 
 # %% ../nbs/01a_actions.ipynb #2d202b53
-async def _step(hub: Hub, env: Environment, action: Action, **extra) -> dict:
+async def _step(hub: Hub, env: Environment, action: Action, /, **extra) -> dict:
     "Step `env` with the checked `action`; `extra` goes along when `step` takes it."
     if extra and extra.get("timeout_s") is not None and (limit := step_limit(hub, env)) is not None:
         extra["timeout_s"] = min(extra["timeout_s"], limit)
@@ -276,12 +276,12 @@ async def _step(hub: Hub, env: Environment, action: Action, **extra) -> dict:
 
 
 # %% ../nbs/01a_actions.ipynb #cc0a05c1
-async def _state(hub: Hub, env: Environment, args=None, **extra) -> dict:
+async def _state(hub: Hub, env: Environment, args=None, /, **extra) -> dict:
     "The state of `env`."
     return {"type": "state", "data": env.state.model_dump(mode="json")}
 
 # %% ../nbs/01a_actions.ipynb #25651da0
-async def _metadata(hub: Hub, env: Environment, args=None, **extra) -> dict:
+async def _metadata(hub: Hub, env: Environment, args=None, /, **extra) -> dict:
     "What `env` says about itself, kept by the hub (it does not change)."
     if hub.metadata is None: hub.metadata = with_declarations(env.get_metadata(), env)
     return {"type": "metadata", "data": hub.metadata.model_dump(mode="json")}
@@ -296,7 +296,7 @@ async def _session_or_fresh(hub: Hub, fresh: Callable[[], Awaitable[Environment]
 
 
 # %% ../nbs/01a_actions.ipynb #215d7316
-async def _mcp(hub: Hub, env, message, **extra) -> dict:
+async def _mcp(hub: Hub, env, message, /, **extra) -> dict:
     "The JSON-RPC answer to `message` on `env` (or the one its `session_id` names, else a fresh one)."
     extra.setdefault("notifications", False)
     if hub.action_cls in (CallToolAction, ListToolsAction):
@@ -325,6 +325,7 @@ async def act(hub: Hub, # the server's shared state
               env: Environment | Callable[[], Awaitable[Environment]], # it, or an async factory
               kind: str, # a key of `KINDS`
               data: dict, # the call's data, as sent (or `Checked`: already checked)
+              /, # (the names above are free for `extra`: a step may take a `data` or `kind` argument)
               **extra # more keyword arguments for the environment's method (e.g. `timeout_s`)
              ) -> dict:
     "The action path: the reply or error frame to one `kind` call with `data` on `env`; never raises."

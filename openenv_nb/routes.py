@@ -28,6 +28,7 @@ async def one_shot(hub: Hub, # the server's shared state
                    kind: str, # a kind of call (see `actions.KINDS`)
                    data: dict, # the call's data
                    receive: Callable | None = None, # the request's ASGI `receive`: a client that leaves stops the call
+                   /, # the names above are free for `extra`
                    **extra): # more keyword arguments for the environment's method
     "The reply frame to one call on a fresh environment, closed afterwards; it holds a slot meanwhile."
     if hub.active >= hub.max_sessions: return at_capacity(hub)
