@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import random
-import socket
 
 import pytest
 import requests
@@ -41,16 +40,16 @@ WS = [  # plain sessions: every field of reset, step, state and mcp messages, an
     '{$K:"reset"}', '{"type":"reset",$K:1}', '$V',
     '{"type":"step","data":{"message":$V}}', '{"type":"step","data":{"message":"x","metadata":$V}}',
     '{"type":"step","data":{"message":"x","metadata":{$K:$V}}}', '{"type":"step","data":{$K:"x"}}',
-    '{"type":"step","data":{"message":"x"},"kwargs":{"timeout_s":$V}}', '{"type":"step","data":{"message":"x"},'
-    '"kwargs":$V}', '{"type":"step","data":{"message":"x"},"kwargs":{$K:1}}', '{"type":"step","data":$V,"id":$V}',
+    '{"type":"step","data":{"message":"x"},"kwargs":{"timeout_s":$V}}', ('{"type":"step","data":{"message":"x"},'
+    '"kwargs":$V}'), '{"type":"step","data":{"message":"x"},"kwargs":{$K:1}}', '{"type":"step","data":$V,"id":$V}',
     '{"type":"state","id":$V}', '{"type":"state","data":$V}', '{"type":"close","data":$V}',
     '{"type":"mcp","data":{"jsonrpc":"2.0","id":$V,"method":"tools/list"}}',
     '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":$V}}', '{"type":"mcp","data":{"jsonrpc":$V,"id":1}}',
     '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call","params":$V}}',
     '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":$V,"arguments":{}}}}',
-    '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_message",'
-    '"arguments":{"message":$V}}}}', '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call",'
-    '"params":{"name":"echo_message","arguments":{$K:1}}}}', '{"type":"mcp","data":$V}',
+    ('{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_message",'
+    '"arguments":{"message":$V}}}}'), ('{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"tools/call",'
+    '"params":{"name":"echo_message","arguments":{$K:1}}}}'), '{"type":"mcp","data":$V}',
     '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,"method":"openenv/session/close","params":{"session_id":$V}}}',
 ]
 BATCH = [  # batch connections: every field of the batch messages
@@ -65,8 +64,8 @@ BATCH = [  # batch connections: every field of the batch messages
     '{"type":"batch.step","data":{"envs":[0],"actions":[$V]}}',
     '{"type":"batch.step","data":{"envs":[0],"actions":[{"message":"x"}],"resets":[$V]}}',
     '{"type":"batch.step","data":{"envs":[0],"actions":[{$K:1}]}}',
-    '{"type":"batch.reset","data":{"envs":[0],"seeds":[$V]}}', '{"type":"batch.reset","data":{"envs":[0],'
-    '"kwargs":{"episode_id":$V}}}', '{"type":"batch.reset","data":{"envs":[0],"kwargs":{$K:$V}}}',
+    '{"type":"batch.reset","data":{"envs":[0],"seeds":[$V]}}', ('{"type":"batch.reset","data":{"envs":[0],'
+    '"kwargs":{"episode_id":$V}}}'), '{"type":"batch.reset","data":{"envs":[0],"kwargs":{$K:$V}}}',
     '{"type":"batch.close","data":{"envs":[$V]}}', '{"type":"batch.close","data":{"envs":$V}}',
     '{"type":"batch.reset","data":{"envs":[0]},"id":$V}',
 ]
@@ -142,9 +141,9 @@ HTTP = [  # (path, body template)
     ("/mcp", '{"jsonrpc":"2.0","id":$V,"method":"tools/list"}'), ("/mcp", '{"jsonrpc":"2.0","id":1,"method":$V}'),
     ("/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":$V}'),
     ("/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":$V,"arguments":{}}}'),
-    ("/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_message","arguments":'
-             '{"message":$V}}}'), ("/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":'
-             '"echo_message","arguments":{$K:$V}}}'), ("/mcp", "$V"), ("/mcp", '[$V]'),
+    ("/mcp", ('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo_message","arguments":'
+             '{"message":$V}}}')), ("/mcp", ('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":'
+             '"echo_message","arguments":{$K:$V}}}')), ("/mcp", "$V"), ("/mcp", '[$V]'),
     ("/mcp", '{"jsonrpc":"2.0","id":1,"method":"openenv/session/close","params":{"session_id":$V}}'),
 ]
 

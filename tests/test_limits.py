@@ -9,8 +9,8 @@ import time
 import pytest
 from websockets.asyncio.client import connect
 
-from openenv_nb.envs.echo import EchoAction, EchoObservation
 from openenv_nb.environment import Environment
+from openenv_nb.envs.echo import EchoAction, EchoObservation
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import State
 
