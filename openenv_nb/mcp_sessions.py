@@ -18,10 +18,10 @@ from functools import partial
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.websockets import WebSocket, WebSocketState
 
-from .actions import Hub, act, factory_error
+from .actions import Hub, Written, act, factory_error
 from .doors import chosen_protocol
 from .environment import Environment
 from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
@@ -29,6 +29,7 @@ from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
                             MCPEnvironment, RpcError, rpc_error)
 from .messages import IdleTimer, send_frame
 from .parking import room
+from .types import loads
 
 # %% ../nbs/02c_mcp_sessions.ipynb #309e9021
 def _full(hub: Hub) -> tuple[str, dict]:
@@ -126,7 +127,7 @@ async def rpc_once(hub: Hub, # the server's shared state
                    body: bytes | str, # one JSON-RPC message, as received
                    **extra): # for `mcp.rpc`: `protocol`
     "The reply to a stateless `/mcp` call; a fresh environment, made only when needed, holds a slot."
-    try: message = json.loads(body)
+    try: message = loads(body)  # a lone surrogate (a method, an id) read as U+FFFD
     except (ValueError, RecursionError): message = body  # `rpc` answers it with a parse error
     listing, made, slot = isinstance(message, dict) and message.get("method") == "tools/list", [], 0
     used = _touch(hub, message)
@@ -150,7 +151,8 @@ async def rpc_once(hub: Hub, # the server's shared state
 # %% ../nbs/02c_mcp_sessions.ipynb #9e63d228
 async def http_mcp(hub: Hub, # the server's shared state
                    body: bytes, # one JSON-RPC message, as received
-                   h: dict | None = None # its headers (`doors.heads`): `mcp-protocol-version` read
+                   h: dict | None = None, # its headers (`doors.heads`): `mcp-protocol-version` read
+                   receive=None # its ASGI `receive` (unused: a call is quick, or a session's)
                   ) -> tuple[Any, int]:
     "The body and status of the answer to `POST /mcp` (no body and 202 for a notification)."
     reply = await rpc_once(hub, body, protocol=(h or {}).get("mcp-protocol-version"))
@@ -161,7 +163,7 @@ async def mcp(request: Request) -> Response:
     "`POST /mcp`: JSON-RPC 2.0 through the action path (`tools/list`, `tools/call`, sessions, MCP's own)."
     h = {"mcp-protocol-version": request.headers.get("mcp-protocol-version")}
     content, status = await http_mcp(request.app.state.hub, await request.body(), h)
-    return Response(status_code=status) if content is None else JSONResponse(content, status)
+    return Response(status_code=status) if content is None else Written(content, status)
 
 
 # %% ../nbs/02c_mcp_sessions.ipynb #6345803b

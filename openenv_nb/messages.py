@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/messages.html.md"""
 
 # %% auto #0
 __all__ = ['MESSAGES', 'ResetMsg', 'StepKwargs', 'StepMsg', 'StateMsg', 'CloseMsg', 'McpMsg', 'decode', 'unreadable', 'reply',
-           'send_frame', 'IdleTimer']
+           'Framed', 'unwritable', 'send_frame', 'too_big', 'capped', 'IdleTimer']
 
 # %% ../nbs/01d_messages.ipynb #3cba1e0d
 import asyncio
@@ -16,7 +16,7 @@ from fastcore.basics import patch_to
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .actions import invalid
-from .types import ErrorCode, dumps, error_frame, loads
+from .types import ErrorCode, dumps, error_frame, loads, step_timeout
 
 # %% ../nbs/01d_messages.ipynb #11a5fe1a
 class _Msg(BaseModel):
@@ -31,8 +31,7 @@ class ResetMsg(_Msg):
 # %% ../nbs/01d_messages.ipynb #c36c000f
 class StepKwargs(_Msg, extra="allow"):
     "What a step message may carry beside its action: `timeout_s`, and what `step` takes."
-    timeout_s: float | None = Field(default=None, gt=0,
-                                    description="Time limit for the step, in seconds")
+    timeout_s: float | None = step_timeout()
 
 class StepMsg(_Msg):
     "Apply an action; `data` holds its fields, `kwargs` more arguments for `step`."
@@ -115,11 +114,61 @@ async def reply(text: str | None, # the frame's text; `None` for a binary frame
     if rid is not None: m["id"] = rid
     return m
 
+# %% ../nbs/01d_messages.ipynb #b8aaa9f1
+class Framed(dict):
+    "A frame and its JSON text, written once (`raw`); keys added later are written by `send_frame`."
+    def __init__(self, frame: dict, # the frame; it must not change, but for keys added to it
+                 raw: bytes): # `dumps(frame)`
+        super().__init__(frame)
+        self.raw, self.n = raw, len(frame)
+
+
+# %% ../nbs/01d_messages.ipynb #329fea97
+def unwritable(frame: dict, # a reply that could not be written as JSON
+               e: Exception # why
+              ) -> dict:
+    "The `EXECUTION_ERROR` frame sent in place of `frame`, with its `id`."
+    out = error_frame(ErrorCode.EXECUTION_ERROR, "The reply could not be written as JSON "
+                      f"({type(e).__name__}: {str(e)[:200]}): the environment returned data JSON "
+                      "cannot hold; return strings, numbers, lists and dicts")
+    if isinstance(frame, dict) and _valid_id(rid := frame.get("id")): out["id"] = rid
+    return out
+
+
 # %% ../nbs/01d_messages.ipynb #b5548842
 async def send_frame(ws, # an accepted WebSocket (anything with an async `send_text`)
                      frame: dict): # a reply or error frame
-    "Send `frame` on `ws` as one JSON text frame."
-    await ws.send_text(dumps(frame).decode())
+    "Send `frame` on `ws` as one JSON text frame; one that cannot be written as `unwritable`'s error."
+    if type(frame) is Framed:
+        raw = frame.raw
+        if len(frame) > frame.n: raw = raw[:-1] + b"," + dumps(dict(list(frame.items())[frame.n:]))[1:]
+    else:
+        try: raw = dumps(frame)
+        except (TypeError, ValueError, RecursionError) as e: raw = dumps(unwritable(frame, e))
+    await ws.send_text(raw.decode())
+
+
+# %% ../nbs/01d_messages.ipynb #46baffcd
+def too_big(size: int, # the size of what was left out, in bytes
+            cap: int, # the largest reply
+            what: str = "The reply" # what was left out
+           ) -> str:
+    "Why a reply (or one environment's part of it) was not sent, and what to do."
+    return (f"{what} of {size} bytes was not sent: it would pass this server's limit of {cap} bytes "
+            "per reply (max_reply_size). Raise it with OPENENV_MAX_REPLY_SIZE (by default 32 times "
+            "max_message_size), or ask for less in one message")
+
+
+# %% ../nbs/01d_messages.ipynb #b0454ad6
+def capped(frame: dict, # a reply frame
+           cap: int # the largest reply, in bytes (`Hub.max_reply`)
+          ) -> dict:
+    "`frame` written (a `Framed`) when its JSON fits in `cap` bytes; else the `EXECUTION_ERROR` that says so."
+    try: raw = dumps(frame)
+    except (TypeError, ValueError, RecursionError) as e: return unwritable(frame, e)
+    if len(raw) <= cap: return Framed(frame, raw)
+    return error_frame(ErrorCode.EXECUTION_ERROR, too_big(len(raw), cap), max_reply_size=cap)
+
 
 # %% ../nbs/01d_messages.ipynb #d5dc76c3
 class IdleTimer:

@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/server.html.md"""
 
 # %% auto #0
 __all__ = ['DEFAULT_CAPACITY', 'GRACE_S', 'Guard', 'web_enabled', 'ConcurrencyError', 'capacity', 'server_mode', 'message_limit',
-           'grace', 'preflight', 'App', 'create_app', 'bind', 'serve', 'serve_in_thread']
+           'grace', 'preflight', 'App', 'add_error_handlers', 'create_app', 'bind', 'serve', 'serve_in_thread']
 
 # %% ../nbs/02_server.ipynb #1d821538
 import contextlib
@@ -17,11 +17,14 @@ from functools import partial
 from typing import Callable
 
 from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastcore.basics import patch_to
+from starlette.exceptions import HTTPException
 from starlette.websockets import WebSocket
 
 from . import __version__
-from .actions import Hub
+from .actions import Hub, Written
 from .doors import Doors, deny, heads
 from .environment import Environment, env_types
 from .mcp_sessions import mcp, mcp_socket, serve_tools
@@ -108,7 +111,7 @@ async def request(self, scope: dict, receive, send, h: dict):
     if len(chunks) > 1: raw = b"".join(chunks)
     if (hot := self.hot.get((scope["method"],
                              scope["path"]))) is not None and self.direct(scope) and \
-       (out := await hot.reply(self.hub, raw, h)) is not None: return await respond(send, *out)
+       (out := await hot.reply(self.hub, raw, h, receive)) is not None: return await respond(send, *out)
     await self.app(scope, _replay(raw, receive), send)
 
 # %% ../nbs/02_server.ipynb #1aa0d3b7
@@ -255,6 +258,21 @@ async def ws_direct(self, scope, receive, send):
     scope["app"] = self
     await ws_endpoint(WebSocket(scope, receive, send))
 
+# %% ../nbs/02_server.ipynb #6898f9fd
+async def _unprocessable(request, exc: RequestValidationError) -> Written:
+    "FastAPI's 422, written by `Written`: a `NaN` or lone surrogate in the echoed input cannot break it."
+    return Written({"detail": jsonable_encoder(exc.errors())}, 422)
+
+async def _http_error(request, exc: HTTPException) -> Written:
+    "An `HTTPException`'s answer (a Task API error, a 404), written by `Written`."
+    return Written({"detail": exc.detail}, exc.status_code, headers=getattr(exc, "headers", None))
+
+def add_error_handlers(app: FastAPI):
+    "Answer FastAPI's own errors with `Written`, as every route answers."
+    app.add_exception_handler(RequestValidationError, _unprocessable)
+    app.add_exception_handler(HTTPException, _http_error)
+
+
 # %% ../nbs/02_server.ipynb #fe27908f
 def create_app(
     env: Callable[[], Environment], # an `Environment` class or zero-argument factory
@@ -294,7 +312,9 @@ def create_app(
               grace(resume_grace_s))
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
     app = App(title=f"openenv-nb: {env_name or name}", version="1.0.0",
-              description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan)
+              description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan,
+              default_response_class=Written)
+    add_error_handlers(app)
     app.state.hub = hub
     serve_tools(hub, cls, env_name)
     hot = HOT if mode == "simulation" else {r: h for r, h in HOT.items() if r[1] == "/mcp"}
