@@ -11,9 +11,9 @@ import os
 import subprocess
 
 import pytest
+from conftest import start_server
 from fastapi.testclient import TestClient
 
-from conftest import start_server
 from openenv_nb.envs.connect4 import Connect4Action, Connect4Env, Connect4Environment
 from openenv_nb.server import create_app
 

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 import requests
+from conftest import HERE, need
 from websockets.sync.client import connect
 
-from conftest import HERE, need
 from openenv_nb.providers import LocalProcessProvider
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
@@ -29,9 +29,19 @@ from openenv_nb.vector import VectorEnv
 try:
     import nltk
     import textarena
-    from openenv_nb.envs.textarena import (MissingDataError, TextArenaAction, TextArenaEnv, TextArenaEnvironment,
-                                           TextArenaObservation, TextArenaState, make_game, make_textarena_target,
-                                           nltk_missing, textarena_env)
+
+    from openenv_nb.envs.textarena import (
+        MissingDataError,
+        TextArenaAction,
+        TextArenaEnv,
+        TextArenaEnvironment,
+        TextArenaObservation,
+        TextArenaState,
+        make_game,
+        make_textarena_target,
+        nltk_missing,
+        textarena_env,
+    )
 except ImportError as e:
     textarena, MISSING = None, e
 
@@ -183,7 +193,7 @@ def test_tutorial_wordle_env_gets_feedback(wordle_url):
             full = r.observation.messages[0].content
             out.append(full[len(last):])
             last = full
-    assert out[0].startswith(f"\n[GAME] [") and "Feedback:" in out[0] and "guesses left" in out[0]
+    assert out[0].startswith("\n[GAME] [") and "Feedback:" in out[0] and "guesses left" in out[0]
     assert "You attempted an invalid move" in out[1] and "'xyzzy' is not an English word" in out[1]
     assert out[2].strip() and r.done and r.reward == 1.0
 
