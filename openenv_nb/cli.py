@@ -73,7 +73,7 @@ def _listening(host: str, port: int, e: OSError) -> CommandError:
 
 # %% ../nbs/07_cli.ipynb #5b46e275
 def cmd_serve(a: Namespace) -> int:
-    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding), a family's (gym:CartPole-v1), a name `openenv list` shows (wordle), or module:attribute."
+    "Serve an environment over HTTP and WebSocket: a project folder, a built-in (echo, coding, connect4), a family's (gym:CartPole-v1), a name `openenv list` shows (wordle), or module:attribute."
     die_with_parent()
     app, port = _app_and_port(a)
     if not 0 <= port <= 65535: raise CommandError(f"--port {port} is not a port: choose one from 1 "
@@ -221,7 +221,7 @@ def _image_tag(a: Namespace) -> str | None:
 
 # %% ../nbs/07_cli.ipynb #e40cfc97
 def cmd_build(a: Namespace) -> int:
-    "Build an environment's Docker image: a project folder, or a built-in (echo, coding, gym, openspiel, textarena, chess). Needs a Docker engine."
+    "Build an environment's Docker image: a project folder, or a built-in (echo, coding, connect4, gym, openspiel, textarena, chess). Needs a Docker engine."
     args, tag = _build_args(a.build_arg or []), _image_tag(a)
     try: build(a.path, tag=tag, base_image=a.base_image, build_args=args, no_cache=a.no_cache,
                network=a.network, include=a.include or (), log=print)

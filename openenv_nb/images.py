@@ -31,7 +31,7 @@ from .providers import docker_client, host_network
 # %% ../nbs/10_images.ipynb #10f3c85d
 # built-in image -> what it adds to a server's requirements: an extra, or a core requirement only it uses
 IMAGES = {
-    "echo": (), "coding": ("smolagents",), "gym": ("openenv-nb[gym]",),
+    "echo": (), "coding": ("smolagents",), "connect4": (), "gym": ("openenv-nb[gym]",),
     "openspiel": ("openenv-nb[openspiel]",),
     "textarena": ("openenv-nb[textarena]",), "chess": ("openenv-nb[chess]",)}
 BUILTIN = tuple(IMAGES)  # environments with a Dockerfile in the package

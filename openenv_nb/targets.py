@@ -24,7 +24,8 @@ from .server import create_app
 
 # %% ../nbs/11a_targets.ipynb #ccdf398b
 BUILTINS = {"echo": "openenv_nb.envs.echo:EchoEnvironment",
-            "coding": "openenv_nb.envs.coding:CodingEnvironment"}
+            "coding": "openenv_nb.envs.coding:CodingEnvironment",
+            "connect4": "openenv_nb.envs.connect4:Connect4Environment"}
 
 # %% ../nbs/11a_targets.ipynb #58a0bab5
 class TargetError(LookupError, ValueError):

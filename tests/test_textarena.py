@@ -11,15 +11,17 @@ reward helpers, in the loop TRL's Wordle example runs.
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 
 import pytest
 import requests
+from conftest import HERE, need
 from websockets.sync.client import connect
 
-from conftest import need
+from openenv_nb.providers import LocalProcessProvider
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.types import EnvServerError
 from openenv_nb.vector import VectorEnv
@@ -27,9 +29,19 @@ from openenv_nb.vector import VectorEnv
 try:
     import nltk
     import textarena
-    from openenv_nb.envs.textarena import (MissingDataError, TextArenaAction, TextArenaEnv, TextArenaEnvironment,
-                                           TextArenaObservation, TextArenaState, make_game, make_textarena_target,
-                                           nltk_missing, textarena_env)
+
+    from openenv_nb.envs.textarena import (
+        MissingDataError,
+        TextArenaAction,
+        TextArenaEnv,
+        TextArenaEnvironment,
+        TextArenaObservation,
+        TextArenaState,
+        make_game,
+        make_textarena_target,
+        nltk_missing,
+        textarena_env,
+    )
 except ImportError as e:
     textarena, MISSING = None, e
 
@@ -44,8 +56,21 @@ def _needs_textarena():
 
 @pytest.fixture(scope="module")
 def wordle_url():
-    "A server of Wordle over `WORDS`, in this process, room for 8 sessions."
+    "A server of Wordle over `WORDS`, shaped as upstream's (the default), in this process, room for 8 sessions."
     with serve_in_thread(create_app(textarena_env("Wordle-v0", words=WORDS), max_concurrent_envs=8)) as url: yield url
+
+
+@pytest.fixture(scope="module")
+def typed_url():
+    "The same, with TextArena's typed messages (`messages=typed`)."
+    with serve_in_thread(create_app(textarena_env("Wordle-v0", words=WORDS, messages="typed"), max_concurrent_envs=8)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def guess_url():
+    "GuessTheNumber-v0, shaped as upstream's."
+    with serve_in_thread(create_app(textarena_env("GuessTheNumber-v0"), max_concurrent_envs=4)) as url: yield url
 
 
 def secret_of(client) -> str:
@@ -55,8 +80,8 @@ def secret_of(client) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 # Wordle over the wire
 
-def test_wordle_won_over_websocket(wordle_url):
-    with TextArenaEnv(wordle_url).sync() as env:
+def test_wordle_won_over_websocket(typed_url):
+    with TextArenaEnv(typed_url).sync() as env:
         r = env.reset(seed=11)
         assert r.observation.prompt.startswith("You are Playing Wordle.") and (r.reward, r.done) == (0.0, False)
         secret = secret_of(env)
@@ -74,8 +99,8 @@ def test_wordle_won_over_websocket(wordle_url):
         assert (st.env_id, st.step_count, st.turn, st.last_reward, st.raw_state["done"]) == ("Wordle-v0", 2, 2, 1.0, True)
 
 
-def test_wordle_lost_over_websocket(wordle_url):
-    with TextArenaEnv(wordle_url).sync() as env:
+def test_wordle_lost_over_websocket(typed_url):
+    with TextArenaEnv(typed_url).sync() as env:
         env.reset(seed=2)
         secret = secret_of(env)
         for w in [w for w in WORDS if w != secret][:6]: r = env.step(TextArenaAction(message=f"[{w}]"))
@@ -84,8 +109,9 @@ def test_wordle_lost_over_websocket(wordle_url):
         assert sum(m.category == "GAME_MESSAGE" for m in r.observation.messages) == 6
 
 
-def test_stateless_http_routes(wordle_url):
+def test_stateless_http_routes(typed_url):
     "Each HTTP call plays on a fresh environment, as upstream's: a step there is the first move of a new game."
+    wordle_url = typed_url
     with requests.Session() as http:
         http.trust_env = False
         r = http.post(f"{wordle_url}/reset", json={"seed": 2}).json()
@@ -96,8 +122,8 @@ def test_stateless_http_routes(wordle_url):
         assert http.get(f"{wordle_url}/state").json() == {"episode_id": None, "step_count": 0}  # 0.10: the base State without state_cls
 
 
-def test_refused_moves_and_bad_input_keep_the_session(wordle_url):
-    with connect(wordle_url.replace("http", "ws") + "/ws") as ws:
+def test_refused_moves_and_bad_input_keep_the_session(typed_url):
+    with connect(typed_url.replace("http", "ws") + "/ws") as ws:
         def send(kind, data=None):
             ws.send(json.dumps({"type": kind, "data": data or {}}))
             return json.loads(ws.recv())["data"]
@@ -116,7 +142,7 @@ def test_refused_moves_and_bad_input_keep_the_session(wordle_url):
 
 def test_step_before_reset_plays_as_upstream():
     "Upstream's environment is reset when made, so a first step needs no reset; ours resets on that step."
-    env = TextArenaEnvironment("Wordle-v0", words=WORDS)
+    env = TextArenaEnvironment("Wordle-v0", words=WORDS, messages="typed")
     obs = env.step(TextArenaAction(message="[crane]"))
     assert [m.category for m in obs.messages][:2] == ["PROMPT", "PLAYER_ACTION"] and env.state.step_count == 1
 
@@ -132,10 +158,76 @@ def test_max_turns_cuts_the_episode():
 
 
 def test_history_off_gives_only_new_messages():
-    env = TextArenaEnvironment("Wordle-v0", words=WORDS, history=False)
+    env = TextArenaEnvironment("Wordle-v0", words=WORDS, history=False, messages="typed")
     assert [m.category for m in env.reset(seed=0).messages] == ["PROMPT"]
     obs = env.step(TextArenaAction(message="[xyzzy]"))
     assert [m.category for m in obs.messages] == ["PLAYER_ACTION", "GAME_ADMIN"] and obs.prompt.startswith("You are Playing Wordle.")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Shaped as upstream's server (the default)
+
+def test_guess_the_number_after_one_move_is_upstreams(guess_url):
+    "Upstream's server, after `[10]`: one message, the transcript, whose new text is the move and the game's answer."
+    with TextArenaEnv(guess_url).sync() as env:
+        r = env.reset(seed=1)  # the target is 5
+        (first,) = r.observation.messages
+        assert (first.sender_id, first.category) == (-1, "MESSAGE") and first.content.startswith("\n[GAME] You are Player 0.")
+        assert r.observation.prompt == first.content.strip() and r.observation.metadata["turn"] == 0
+        r = env.step(TextArenaAction(message="[10]"))
+        assert len(r.observation.messages) == 1
+        assert r.observation.messages[0].content[len(first.content):] == "\n[Player] [10]\n[GAME] The target number is lower."
+        assert r.observation.prompt == "GuessTheNumber-v0"
+        assert r.observation.metadata["raw_messages"] == [m.model_dump() for m in r.observation.messages]
+        assert (r.observation.metadata["env_id"], r.observation.metadata["turn"]) == ("GuessTheNumber-v0", 1)
+
+
+def test_tutorial_wordle_env_gets_feedback(wordle_url):
+    "The Wordle GRPO tutorial's `WordleEnv` slices the new text off `messages[0].content`: each guess has its feedback."
+    with TextArenaEnv(wordle_url).sync() as client:
+        last = client.reset(seed=3).observation.messages[0].content
+        secret = secret_of(client)
+        out = []
+        for guess in [next(w for w in WORDS if w != secret), "xyzzy", secret]:
+            r = client.step(TextArenaAction(message=f"[{guess}]"))
+            full = r.observation.messages[0].content
+            out.append(full[len(last):])
+            last = full
+    assert out[0].startswith("\n[GAME] [") and "Feedback:" in out[0] and "guesses left" in out[0]
+    assert "You attempted an invalid move" in out[1] and "'xyzzy' is not an English word" in out[1]
+    assert out[2].strip() and r.done and r.reward == 1.0
+
+
+@pytest.mark.parametrize("env_id,players,move", [("Sudoku-v0-easy", 1, "[1 1 1]"), ("TicTacToe-v0", 2, "[4]"),
+                                                 ("Mastermind-v0", 1, "[1 2 3 4]"), ("Wordle-v0", 1, "[crane]")])
+def test_upstream_shape_over_games(env_id, players, move):
+    "Whatever the game: one message from the game, its content the transcript; prompt and metadata as upstream's."
+    env = TextArenaEnvironment(env_id, num_players=players)
+    obs = env.reset(seed=5)
+    assert [(m.sender_id, m.category) for m in obs.messages] == [(-1, "MESSAGE")] and obs.prompt == obs.messages[0].content.strip()
+    before = obs.messages[0].content
+    obs = env.step(TextArenaAction(message=move))
+    assert len(obs.messages) == 1 and obs.metadata["raw_messages"] == [obs.messages[0].model_dump()]
+    if players == 1: assert obs.messages[0].content.startswith(before) and len(obs.messages[0].content) > len(before)
+    assert obs.prompt == (env_id if env.state.turn else obs.messages[0].content.strip())
+    env.reset(seed=5)  # the transcript starts again
+    assert env.reset(seed=5).messages[0].content == before
+
+
+def test_seeds_give_the_same_secret():
+    "huggingface/OpenEnv#1102: `reset(seed=1234)` draws the same secret every time; other seeds, others."
+    env = TextArenaEnvironment("Wordle-v0")  # TextArena's own words, shipped
+    words = {(env.reset(seed=1234), env.answer())[1] for _ in range(4)}
+    assert words == {"slope"}  # what TextArena with NLTK's data draws for 1234
+    assert len({(env.reset(seed=s), env.answer())[1] for s in range(10)}) > 5
+    g = TextArenaEnvironment("GuessTheNumber-v0")
+    targets = [(g.reset(seed=s), g.state.raw_state["game_state"]["game_number"])[1] for s in (7, 7, 8, 9, 7)]
+    assert targets[0] == targets[1] == targets[4] and len(set(targets)) > 1
+
+
+def test_messages_option_is_checked():
+    with pytest.raises(ValueError, match="give 'upstream'"): textarena_env("Sudoku-v0", messages="tuples")
+    assert make_textarena_target("Wordle-v0?messages=typed")().reset(seed=0).messages[0].category == "PROMPT"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -153,7 +245,7 @@ OFFLINE = [  # (id, players, a move): games that need nothing beyond the package
 @pytest.mark.parametrize("env_id,players,move", OFFLINE, ids=[g[0] for g in OFFLINE])
 def test_offline_games_play_and_repeat_with_a_seed(env_id, players, move):
     kw = {"words": ["example", "imagine", "kitchen"]} if env_id.startswith("Wordle") else {}
-    a, b = (TextArenaEnvironment(env_id, num_players=players, **kw) for _ in range(2))
+    a, b = (TextArenaEnvironment(env_id, num_players=players, messages="typed", **kw) for _ in range(2))
     first = a.reset(seed=3)
     assert first.prompt and first.legal_players == list(range(players)) and first.current_player_id in first.legal_players
     assert b.reset(seed=3) == first
@@ -184,7 +276,7 @@ def test_vector_rollout_is_seeded(wordle_url):
     def policy(observations):
         out = []
         for o in observations:
-            tried = {m.content.strip("[]") for m in o.messages if m.category == "PLAYER_ACTION"}
+            tried = {w for m in o.messages for w in re.findall(r"\[(\w+)\]", m.content)}
             out.append(TextArenaAction(message=f"[{next(w for w in WORDS if w not in tried)}]"))
         return out
     with VectorEnv[TextArenaAction, TextArenaObservation, TextArenaState](wordle_url, num_envs=4).sync() as venv:
@@ -231,12 +323,28 @@ def test_word_games_never_download(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.setattr(nltk, "download", no_network)
     if nltk_missing():
-        for env_id in ("Wordle-v0", "Hangman-v0", "SpellingBee-v0"):
+        for env_id in ("Hangman-v0", "SpellingBee-v0"):
             with pytest.raises(MissingDataError, match="python -m nltk.downloader"): make_game(env_id)
-        with pytest.raises(MissingDataError, match=r"words=\[\.\.\.\]"): textarena_env("Wordle-v0")  # before any server starts
-    else:  # the data is installed: TextArena's own word list is played
-        env = TextArenaEnvironment("Wordle-v0")
+    for env_id in ("Wordle-v0", "Wordle-v0-hardcore", "Wordle-v0-long"):  # its data ships with openenv-nb
+        env = TextArenaEnvironment(env_id)
         assert env.reset(seed=0).prompt and env.state.raw_state["game_state"]["secret_word"] in env.inner.word_list
+        assert "Feedback:" in env.step(TextArenaAction(message="[crane]" if env_id != "Wordle-v0-long" else "[example]")).messages[0].content
+
+
+def test_wordle_served_offline_from_the_command_line(tmp_path):
+    "`openenv serve textarena:Wordle-v0` with no NLTK data to find: a game is played to its end."
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+    p = LocalProcessProvider("textarena:Wordle-v0", max_sessions=2,
+                             env_vars={"PYTHONPATH": path, "NLTK_DATA": str(tmp_path), **NO_PROXY})
+    p.start()
+    try:
+        with TextArenaEnv(p.base_url).sync() as client:
+            r = client.reset(seed=1234)
+            for guess in ("crane", "slate", "pious", "lemon", "robin", "slope"):
+                r = client.step(TextArenaAction(message=f"[{guess}]"))
+                if r.done: break
+        assert r.done and r.reward == 1.0  # the secret for seed 1234 is "slope"
+    finally: p.stop()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -295,16 +403,20 @@ def as_dict(x): return x if isinstance(x, dict) else x.model_dump()
 
 def play(client, move, seed, words, win):
     "A game: a wrong guess, a refused one, then the secret (win) or wrong guesses to the end."
-    out = []
+    out, news, last = [], [], None
     with client.sync() as env:
         r = env.reset(seed=seed)
         out.append(r)
+        last = as_dict(r.observation)["messages"][0]["content"]
         secret = as_dict(env.state())["raw_state"]["game_state"]["secret_word"]
         wrong = [w for w in words if w != secret]
         plan = [wrong[0], "xyzzy"] + ([secret] if win else wrong[1:6])
         for w in plan:
             r = env.step(move(f"[{w}]"))
             out.append(r)
+            full = as_dict(r.observation)["messages"][0]["content"]  # the Wordle tutorial's slicing
+            news.append(full[len(last):])
+            last = full
         state = env.state()
     if isinstance(state, dict): Game.model_validate(state, strict=True)
     steps = []
@@ -312,7 +424,32 @@ def play(client, move, seed, words, win):
         obs = as_dict(r.observation)
         if isinstance(r.observation, dict): seen({"observation": obs, "reward": r.reward, "done": r.done})
         steps.append({"reward": r.reward, "done": r.done, "last": obs["messages"][-1], "info": obs.get("info", {}), "prompt": obs["prompt"]})
-    return {"steps": steps, "state": as_dict(state), "secret": secret}
+    return {"steps": steps, "state": as_dict(state), "secret": secret, "news": news}
+
+
+def tutorial(url, seed):
+    "The Wordle tutorial's `WordleEnv` logic on a client written as upstream's: the text appended by one move."
+    with Typed(base_url=url).sync() as env:
+        first = env.reset(seed=seed).observation
+        r = env.step(Move(message="[10]"))
+        return {"count": len(r.observation.messages), "new": r.observation.messages[0].content[len(first.messages[0].content):],
+                "prompt": r.observation.prompt, "metadata": r.observation.metadata}
+
+
+def upstream_env(src, games):
+    "Upstream's own `TextArenaEnvironment` (from its repository), played directly; the seed as upstream's PR #1148 forwards it."
+    import random
+    sys.path.insert(0, src)
+    from textarena_env.models import TextArenaAction
+    from textarena_env.server.environment import TextArenaEnvironment
+    out = []
+    for g in games:
+        env = TextArenaEnvironment(g["env_id"], num_players=g["players"], download_nltk=False)
+        random.seed(g["seed"])
+        obs = [env.reset(seed=g["seed"]).model_dump()]
+        for m in g["moves"]: obs.append(env.step(TextArenaAction(message=m)).model_dump())
+        out.append(obs)
+    return out
 
 
 def trl_loop(url, src, seed, words):
@@ -332,6 +469,7 @@ def trl_loop(url, src, seed, words):
             result = client.step(TextArenaAction(message=guess))
             greens, yellows = extract_feedback_counts(extract_wordle_feedback(result.observation))
             turns.append({"guess": guess, "reward": result.reward, "done": result.done, "greens": greens, "yellows": yellows,
+                          "feedback": extract_wordle_feedback(result.observation),
                           "categories": [m.category for m in result.observation.messages]})
         state = client.state()
     return {"turns": turns, "env_id": state.env_id, "step_count": state.step_count}
@@ -339,6 +477,8 @@ def trl_loop(url, src, seed, words):
 
 plan = json.load(sys.stdin)
 if plan["mode"] == "trl": print(json.dumps(trl_loop(plan["url"], plan["src"], plan["seed"], plan["words"])))
+elif plan["mode"] == "tutorial": print(json.dumps(tutorial(plan["url"], plan["seed"])))
+elif plan["mode"] == "upstream_env": print(json.dumps(upstream_env(plan["src"], plan["games"])))
 else:  # both clients, a game won and a game lost with each, in one process: openenv takes seconds to import
     results = {}
     for mode in ("generic", "typed"):
@@ -368,8 +508,10 @@ def test_upstream_clients_play_wordle_against_our_server(wordle_url, upstream_py
 def check_won_and_lost(won: dict, lost: dict):
     for game in (won, lost):
         first = game["steps"][0]
-        assert (first["reward"], first["done"], first["last"]["category"]) == (0.0, False, "PROMPT")
-        assert "Feedback:" in game["steps"][1]["last"]["content"] and game["steps"][2]["last"]["category"] == "GAME_ADMIN"
+        assert (first["reward"], first["done"], first["last"]["category"]) == (0.0, False, "MESSAGE")
+        assert first["prompt"].startswith("[GAME] You are Playing Wordle.") and game["steps"][1]["prompt"] == "Wordle-v0"
+        assert "Feedback:" in game["news"][0] and "'xyzzy' is not an English word" in game["news"][1]
+        assert all(game["news"][:-1])  # each move's feedback, sliced off the transcript
         assert game["state"]["env_id"] == "Wordle-v0" and game["state"]["num_players"] == 1
     assert (won["steps"][-1]["reward"], won["steps"][-1]["done"], won["state"]["step_count"]) == (1.0, True, 3)
     assert lost["steps"][-1]["done"] and lost["steps"][-1]["reward"] < 1 and lost["state"]["turn"] == 6
@@ -386,5 +528,40 @@ def test_upstream_textarena_client_runs_trls_wordle_loop(wordle_url, upstream_py
     assert out["env_id"] == "Wordle-v0" and out["step_count"] == len(turns) and turns[-1]["done"]
     assert [t["guess"] for t in turns] == [f"[{w}]" for w in WORDS[:len(turns)]]
     assert all(0 <= t["greens"] <= 5 and 0 <= t["yellows"] <= 5 for t in turns)
-    assert all(t["categories"][-1] == "GAME_MESSAGE" and not t["done"] for t in turns[:-1])  # each wrong guess: its feedback
+    assert all(t["categories"] == ["MESSAGE"] and not t["done"] for t in turns[:-1])  # one message: the transcript
+    assert all(t["greens"] + t["yellows"] or t["feedback"] for t in turns[:-1])  # each wrong guess: its feedback
     assert turns[-1]["reward"] == 1.0 or len(turns) == 6  # won (TextArena gives no feedback for the winning guess) or lost
+
+
+@pytest.mark.upstream
+def test_upstream_style_client_gets_guess_the_numbers_answer(guess_url, upstream_py):
+    "A client written as upstream's `TextArenaEnv`, with the tutorial's slicing: after `[10]`, one message and the answer."
+    out = run_upstream(upstream_py, {"url": guess_url, "mode": "tutorial", "seed": 1})
+    assert out["count"] == 1 and out["new"] == "\n[Player] [10]\n[GAME] The target number is lower."
+    assert out["prompt"] == "GuessTheNumber-v0" and out["metadata"]["raw_messages"][0]["category"] == "MESSAGE"
+
+
+SIDE_BY_SIDE = [  # games that need no NLTK data, and moves: good, refused, for two players
+    {"env_id": "GuessTheNumber-v0", "players": 1, "seed": 1, "moves": ["[10]", "[oops]", "[3]", "[5]"]},
+    {"env_id": "Sudoku-v0-easy", "players": 1, "seed": 2, "moves": ["[1 1 1]", "[9 9 9]"]},
+    {"env_id": "Mastermind-v0", "players": 1, "seed": 3, "moves": ["[1 2 3 4]", "[hello]", "[4 3 2 1]"]},
+    {"env_id": "TicTacToe-v0", "players": 2, "seed": 4, "moves": ["[4]", "[0]", "[4]", "[8]"]},
+]
+
+
+@pytest.mark.upstream
+def test_same_messages_as_upstreams_own_environment(upstream_py):
+    "Upstream's `TextArenaEnvironment`, run from its repository, and ours, over the same games, seeds and moves."
+    src = os.environ.get("OPENENV_TEXTARENA_SRC")
+    if not src: pytest.skip("needs upstream's textarena_env: set $OPENENV_TEXTARENA_SRC to the `envs` folder of an OpenEnv "
+                            "checkout, and install textarena in the upstream venv")
+    theirs = run_upstream(upstream_py, {"mode": "upstream_env", "src": src, "games": SIDE_BY_SIDE})
+    keys = ("prompt", "messages", "current_player_id", "legal_players", "done")
+    for g, their in zip(SIDE_BY_SIDE, theirs):
+        env = TextArenaEnvironment(g["env_id"], num_players=g["players"])
+        ours = [env.reset(seed=g["seed"])] + [env.step(TextArenaAction(message=m)) for m in g["moves"]]
+        for i, (o, t) in enumerate(zip(ours, their)):
+            o = o.model_dump()
+            assert {k: o[k] for k in keys} == {k: t[k] for k in keys}, (g["env_id"], i)
+            assert o["metadata"] == t["metadata"], (g["env_id"], i)
+            if g["players"] == 1: assert o["reward"] == t["reward"], (g["env_id"], i)
