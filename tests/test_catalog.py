@@ -63,7 +63,8 @@ def test_every_screenshot_is_committed_small_and_shown():
 def test_the_catalog_covers_every_environment():
     heads = [l for c in json.loads(CATALOG.read_text())["cells"] if c["cell_type"] == "markdown"
              for l in "".join(c["source"]).splitlines() if l.startswith("## ")]
-    assert heads == ["## echo", "## coding", "## gym:ID", "## openspiel:GAME", "## textarena:ID", "## chess"], heads
+    assert heads == ["## echo", "## coding", "## gym:ID", "## openspiel:GAME", "## textarena:ID", "## chess",
+                     "## reasoning_gym:NAME"], heads
     assert {t.partition(":")[0] for t, _ in screenshots.SHOTS.values()} == set(IMAGES)
 
 

@@ -31,6 +31,7 @@ SHOTS = {
     "textarena": ("textarena:Wordle-v0?words=" + "[" + ",".join(f'"{w}"' for w in WORDS) + "]",
                   [{"message": "[crane]"}, {"message": "[pious]"}]),
     "chess": ("chess", [{"move": "e4"}, {"move": "Nf3"}]),
+    "reasoning_gym": ("reasoning_gym:leg_counting", [{"answer": "292"}]),
 }
 
 
