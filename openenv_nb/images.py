@@ -32,6 +32,7 @@ from .providers import docker_client, host_network
 # built-in image -> what it adds to a server's requirements: an extra, or a core requirement only it uses
 IMAGES = {
     "echo": (), "coding": ("smolagents",), "connect4": (), "gym": ("openenv-nb[gym]",),
+    "reasoning_gym": ("openenv-nb[reasoning]",),
     "openspiel": ("openenv-nb[openspiel]",),
     "textarena": ("openenv-nb[textarena]",), "chess": ("openenv-nb[chess]",)}
 BUILTIN = tuple(IMAGES)  # environments with a Dockerfile in the package

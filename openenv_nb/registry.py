@@ -33,6 +33,9 @@ from .targets import (BUILTINS, FAMILIES, NAMES, TargetError, family, family_loa
 FAMILY_USAGE = {  # family -> (how its names are written, an example target, what it serves)
     "gym": ("gym:ID", "gym:CartPole-v1", "Any registered Gymnasium environment by id; options "
                                          "after ?, e.g. gym:FrozenLake-v1?is_slippery=false"),
+    "reasoning_gym": ("reasoning_gym:NAME", "reasoning_gym:leg_counting",
+                      "A reasoning-gym dataset, one question per episode, the answer scored by the "
+                      "dataset: leg_counting, sudoku, ..."),
     "openspiel": ("openspiel:GAME", "openspiel:catch",
                   "An OpenSpiel game against built-in opponents: catch, tic_tac_toe, blackjack, "
                   "2048, ..."),

@@ -33,6 +33,7 @@ from .runner import bind, serve, serve_in_thread
 from .sessions import EXT_HEADER, ws_endpoint
 from .tasks import add_task_routes
 from .types import Action, EnvironmentMetadata, Observation, State
+from .upstream import adopt
 from .web import add_web_interface
 
 # %% ../nbs/02_server.ipynb #9118ed15
@@ -303,6 +304,8 @@ def create_app(
                          f"max_sessions={max_sessions} disagree")
     asked = max_concurrent_envs if max_concurrent_envs is not None else max_sessions
     mode, max_message_size = server_mode(mode), message_limit(max_message_size)
+    # an environment written for OpenEnv's own package, bridged (see `upstream`)
+    env, action_cls, observation_cls = adopt(env, action_cls, observation_cls)
     cls, action_cls, observation_cls, n = _classes(env, action_cls, observation_cls, asked)
     preflight(cls)
     hub = Hub(env, action_cls, observation_cls, state_cls or State, n, session_timeout or None,

@@ -50,6 +50,7 @@ def load_project(path: str | Path, # a project folder, or its `openenv.yaml`
 
 # %% ../nbs/11a_targets.ipynb #33cdde58
 FAMILIES = {"gym": "openenv_nb.envs.gym:make_gym_target",
+            "reasoning_gym": "openenv_nb.envs.reasoning_gym:make_reasoning_gym_target",
             "openspiel": "openenv_nb.envs.openspiel:make_openspiel_target",
             "textarena": "openenv_nb.envs.textarena:make_textarena_target",
             "chess": "openenv_nb.envs.chess:make_chess_target"}

@@ -64,7 +64,7 @@ def test_the_catalog_covers_every_environment():
     heads = [l for c in json.loads(CATALOG.read_text())["cells"] if c["cell_type"] == "markdown"
              for l in "".join(c["source"]).splitlines() if l.startswith("## ")]
     assert heads == ["## Report card", "## echo", "## coding", "## connect4", "## gym:ID", "## openspiel:GAME",
-                     "## textarena:ID", "## chess"], heads
+                     "## textarena:ID", "## chess", "## reasoning_gym:NAME"], heads
     assert {t.partition(":")[0] for t, _ in screenshots.SHOTS.values()} == set(IMAGES)
 
 

@@ -184,7 +184,8 @@ def test_the_first_errors_are_one_line_with_a_hint():
 @pytest.mark.parametrize("target,near,listing", [
     ("gym:Cartpole-v1", "did you mean CartPole-v1", "openenv list gym"),
     ("openspiel:tictactoe", "did you mean tic_tac_toe", "openenv list openspiel"),
-    ("textarena:Wordle-v9", "did you mean Wordle-v0", "openenv list textarena")])
+    ("textarena:Wordle-v9", "did you mean Wordle-v0", "openenv list textarena"),
+    ("reasoning_gym:leg_countin", "did you mean leg_counting", "openenv list reasoning_gym")])
 def test_unknown_names_in_a_family_say_the_nearest_and_how_to_list_them(target, near, listing):
     family = target.partition(":")[0]
     try: __import__({"gym": "gymnasium", "openspiel": "pyspiel"}.get(family, family))

@@ -22,12 +22,14 @@ from openenv_nb.targets import FAMILIES, TargetError
 from openenv_nb.types import EnvConnectionError
 
 OPENENV = [sys.executable, "-m", "openenv_nb.cli"]
-PACKAGES = {"gym": "gymnasium", "openspiel": "pyspiel", "textarena": "textarena", "chess": "chess"}  # family -> its package
+PACKAGES = {"gym": "gymnasium", "openspiel": "pyspiel", "textarena": "textarena", "chess": "chess",
+            "reasoning_gym": "reasoning_gym"}  # family -> its package
 EPISODES = {  # family -> a target, and an action it takes (Wordle given its words: NLTK's are a download)
     "gym": ("gym:CartPole-v1", {"action": 0}, "obs"),
     "openspiel": ("openspiel:catch", {"action_id": 1}, "legal_actions"),
     "textarena": ('textarena:Wordle-v0?words=["crane","slate"]', {"message": "[crane]"}, "prompt"),
     "chess": ("chess", {"move": "e2e4"}, "fen"),
+    "reasoning_gym": ("reasoning_gym:leg_counting", {"answer": "4"}, "question"),
 }
 HF_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HF_ENDPOINT", "HF_HUB_OFFLINE", "OPENENV_TOKEN")
 

@@ -32,6 +32,7 @@ SHOTS = {
                   [{"message": "[crane]"}, {"message": "[pious]"}]),
     "chess": ("chess", [{"move": "e4"}, {"move": "Nf3"}]),
     "connect4": ("connect4", [{"column": "3"}, {"column": "4"}, {"column": "3"}]),
+    "reasoning_gym": ("reasoning_gym:leg_counting", [{"answer": "292"}]),
 }
 
 
