@@ -1,6 +1,6 @@
 """`openenv replay` across the catalog: episodes recorded with a seed (random legal actions, with their
-observations) replay identically on a fresh server of each environment, 20 episodes a target here (the issue asks
-200 across the catalog; 20 keeps the suite quick, and `N` below raises it); a planted environment that ignores its
+observations) replay identically on a fresh server of each environment, 40 episodes a target over five targets:
+the 200 the issue asks across the catalog; a planted environment that ignores its
 seed (`broken_envs.SeedIgnoring`) is flagged at its first differing reply, with exit status 1, from the shell too."""
 import random
 import subprocess
@@ -17,7 +17,7 @@ from openenv_nb.resume import Diverged
 from openenv_nb.server import create_app, serve_in_thread
 from openenv_nb.targets import make_app
 
-N, MAX_STEPS = 20, 30  # episodes a target, steps an episode
+N, MAX_STEPS = 40, 30  # episodes a target, steps an episode
 FAMILY = {"gym": "gymnasium", "openspiel": "pyspiel", "textarena": "textarena", "chess": "chess"}
 
 
