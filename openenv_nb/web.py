@@ -19,12 +19,12 @@ from importlib import resources
 
 from fastapi import Body, FastAPI
 from fastapi import Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 from fastcore.basics import patch_to
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketState
 
-from .actions import ENVELOPE, KINDS, Hub, act, http_reply
+from .actions import ENVELOPE, KINDS, Hub, Written, act, http_reply
 from .doors import chosen_protocol
 from .messages import IdleTimer, reply
 from .environment import Environment
@@ -383,23 +383,23 @@ def add_web_routes(app: FastAPI, web: WebEpisode):
              summary="About this environment (as `/metadata`)")
     async def web_metadata():
         if web.hub.metadata is not None: return web.hub.metadata
-        return JSONResponse(*http_reply(await web.call("metadata", {})))
+        return Written(*http_reply(await web.call("metadata", {})))
     @app.post("/web/reset", tags=["Web Interface"], summary="Reset the routes' episode",
               **ENVELOPE)
     async def web_reset(body: ResetRequest = Body(default_factory=ResetRequest)):
-        return JSONResponse(*http_reply(await web.call("reset",
+        return Written(*http_reply(await web.call("reset",
                                                        body.model_dump(exclude_unset=True))))
     @app.post("/web/step", tags=["Web Interface"], summary="Step the routes' episode",
               **ENVELOPE)
     async def web_step(body: StepRequest):
         extra = body.model_dump(exclude_unset=True, exclude={"action"})
-        return JSONResponse(*http_reply(await web.call("step", body.action, **extra)))
+        return Written(*http_reply(await web.call("step", body.action, **extra)))
     @app.get("/web/state", tags=["Web Interface"], summary="State of the routes' episode")
     async def web_state():
         if not web.began:
             why = "No episode yet: reset first (POST /web/reset, or Reset on /web/?join=http)"
-            return JSONResponse({"detail": why}, 409)
-        return JSONResponse(*http_reply(await web.call("state", {})))
+            return Written({"detail": why}, 409)
+        return Written(*http_reply(await web.call("state", {})))
 
 # %% ../nbs/05_web.ipynb #80a69123
 def add_web_interface(app: FastAPI, # an app with a `Hub` in `app.state.hub`, such as `create_app` makes
