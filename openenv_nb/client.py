@@ -429,6 +429,12 @@ async def _relocate(self: EnvClient):
         await asyncio.to_thread(self._provider.stop)
         self.base_url = await asyncio.to_thread(self._provider.start)
 
+# %% ../nbs/03_client.ipynb #82bf045d
+def _final(e: EpisodeLost) -> EpisodeLost:
+    "`e`, marked as an end that no further attempt would change (see `_resume`)."
+    e.final = True
+    return e
+
 # %% ../nbs/03_client.ipynb #c9475bac
 @patch
 async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
@@ -442,9 +448,10 @@ async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
         return await self._exchange(msg), "reset on a new session"
     if not await self._replayable():
         self._abandon()
-        raise EpisodeLost(f"The connection to {self.url} dropped during '{msg['type']}' and its session "
-                          "is gone; the environment does not say it can be replayed ('replayable' in its "
-                          "/metadata), so the episode cannot be rebuilt; reset() starts a new one")
+        raise _final(EpisodeLost(f"The connection to {self.url} dropped during '{msg['type']}' and its "
+                                "session is gone; the environment does not say it can be replayed "
+                                "('replayable' in its /metadata), so the episode cannot be rebuilt; reset() "
+                                "starts a new one"))
     async def exchange(m: dict) -> dict:
         reply = await self._exchange(m)
         if reply.get("type") == "error": raise EnvServerError.from_frame(reply.get("data") or {}, self.url)
@@ -452,8 +459,8 @@ async def _again(self: EnvClient, msg: dict) -> tuple[dict, str]:
     try: steps = await replay(self.episode, exchange)
     except EnvServerError as e:
         self._abandon()
-        raise EpisodeLost(f"The server at {self.url} refused the episode's replay ({e}); reset() starts "
-                          "a new one") from e
+        raise _final(EpisodeLost(f"The server at {self.url} refused the episode's replay ({e}); reset() "
+                                "starts a new one")) from e
     msg.pop("id", None)  # a new session: a new id
     return await self._exchange(msg), f"replayed ({steps} steps)"
 
@@ -474,7 +481,7 @@ async def _resume(self: EnvClient, msg: dict, # the message that got no reply
             return reply
         except Diverged: self._abandon(); raise
         except EpisodeLost as e:
-            if "replayable" in str(e): raise
+            if getattr(e, "final", False): raise  # another try would end the same way
             why = str(e)
         except (OSError, InvalidHandshake, asyncio.TimeoutError) as e:
             why = f"{type(e).__name__}: {e}"
