@@ -6,7 +6,7 @@ Docs: https://openenv-nb.github.io/openenv-nb/mcp_sessions.html.md"""
 
 # %% auto #0
 __all__ = ['session_create', 'drop_session', 'session_close', 'reap_idle', 'reaper', 'serve_tools', 'rpc_once', 'http_mcp', 'mcp',
-           'mcp_socket']
+           'fit_rpc', 'mcp_socket']
 
 # %% ../nbs/02c_mcp_sessions.ipynb #64632a23
 import asyncio
@@ -27,9 +27,9 @@ from .environment import Environment
 from .mcp import (INTERNAL_ERROR, INVALID_PARAMS, SERVER_ERROR, CallToolAction,
                             ListToolsAction,
                             MCPEnvironment, RpcError, rpc_error)
-from .messages import IdleTimer, send_frame
+from .messages import Framed, IdleTimer, send_frame, too_big
 from .parking import room
-from .types import loads
+from .types import dumps, loads
 
 # %% ../nbs/02c_mcp_sessions.ipynb #309e9021
 def _full(hub: Hub) -> tuple[str, dict]:
@@ -166,6 +166,19 @@ async def mcp(request: Request) -> Response:
     return Response(status_code=status) if content is None else Written(content, status)
 
 
+# %% ../nbs/02c_mcp_sessions.ipynb #fc038184
+def fit_rpc(reply: Any, # a JSON-RPC reply
+            cap: int # the largest reply, in bytes (`Hub.max_reply`)
+           ) -> Any:
+    "`reply`, written (a `Framed`) when its JSON fits in `cap` bytes; else the JSON-RPC error that says so."
+    if not isinstance(reply, dict): return reply
+    try: raw = dumps(reply)
+    except (TypeError, ValueError, RecursionError) as e:
+        return rpc_error(reply.get("id"), INTERNAL_ERROR, f"The reply could not be written as JSON: "
+                                                          f"{type(e).__name__}")
+    if len(raw) <= cap: return Framed(reply, raw)
+    return rpc_error(reply.get("id"), INTERNAL_ERROR, too_big(len(raw), cap))
+
 # %% ../nbs/02c_mcp_sessions.ipynb #6345803b
 async def mcp_socket(ws: WebSocket):
     "WebSocket `/mcp`: one socket, one environment; each text frame one JSON-RPC message, in order."
@@ -184,7 +197,7 @@ async def mcp_socket(ws: WebSocket):
                 reply = (await act(hub, env, "mcp", text, info=hub.rpc_info))["data"]
             else: reply = rpc_error(None, -32600, f"Message of {len(text)} characters is over the "
                                                   f"limit of {hub.max_message_size}")
-            await send_frame(ws, reply)
+            await send_frame(ws, fit_rpc(reply, hub.max_reply))
     except Exception as e:
         with contextlib.suppress(Exception):
             await send_frame(ws, rpc_error(None, SERVER_ERROR, f"{type(e).__name__}: {e}"))
