@@ -142,6 +142,7 @@ class Hub:
         self.snapshots = None  # the sessions' snapshots (`snapshots.Store`), made on first use
         # sessions resumed; replies sent again to a resent request (not applied twice); parked ones let go
         self.resumed, self.answered_again, self.evicted = 0, 0, 0
+        self.stopping = False  # the server is shutting down: nothing is parked any more
 
 # %% ../nbs/01a_actions.ipynb #499ec179
 @patch_to(Hub, as_prop=True)

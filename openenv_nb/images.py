@@ -112,13 +112,17 @@ def _project(req: str # a requirement, e.g. `"uvicorn[standard]>=0.30"`
     return re.sub(r"[-_.]+", "-", re.match(r"\s*([\w.-]+)", req)[1]).lower()
 
 # %% ../nbs/10_images.ipynb #f5e5d926
+def _norm(name: str) -> str: return re.sub(r"[-_.]+", "-", name).lower()
+
 def extra_requirements(extra: str # an extra of openenv-nb, e.g. `"gym"`
                       ) -> list[str]:
     "The requirements the extra `extra` adds to openenv-nb, extras it names expanded."
     out = []
     for r in _dist().requires or []:
         req, _, marker = r.partition(";")
-        if not re.search(rf"""\bextra\s*==\s*["']{re.escape(extra)}["']""", marker): continue
+        named = re.search(r"""\bextra\s*==\s*["']([^"']+)["']""", marker)
+        # extras' names are compared normalized (PEP 685): `reasoning_gym` is `reasoning-gym` in new metadata
+        if not named or _norm(named[1]) != _norm(extra): continue
         inner = re.fullmatch(r"\s*openenv[-_.]nb\s*\[([^\]]*)\]\s*", req)
         out += [x for e in inner[1].split(",")
                 for x in extra_requirements(e.strip())] if inner else [req.strip()]

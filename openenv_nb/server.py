@@ -27,6 +27,7 @@ from . import __version__
 from .actions import Hub, Written
 from .doors import Doors, deny, heads
 from .environment import Environment, env_types
+from .parking import let_go_all
 from .mcp_sessions import mcp, mcp_socket, serve_tools
 from .routes import HOT, Hot, add_http_routes, add_info_routes, respond
 from .runner import bind, serve, serve_in_thread
@@ -125,6 +126,7 @@ def web_enabled(web: bool | None = None) -> bool:
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
     yield
+    await let_go_all(app.state.hub)  # parked sessions' environments (sandbox workers) go with the server
     app.state.hub.shutdown()
 
 # %% ../nbs/02_server.ipynb #41914f43

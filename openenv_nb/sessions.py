@@ -575,16 +575,16 @@ async def serve_session(hub: Hub, # the server's shared state
         session = Session(hub, env, ext, sid, token)
         if token is not None: keep(hub, token, env, session)
     session.owner, session.resent, main = ws, kept is not None, asyncio.current_task()
-    resumable = session.token is not None
+    resumable = lambda: session.token is not None and not hub.stopping
     def left():  # during a call: park now (the call's reply is kept), else stop the call
-        if resumable: session.owner = None; park(hub, session.token)
+        if resumable(): session.owner = None; park(hub, session.token)
         else: main.cancel()
     watch, idle, dropped = Watch(ws, left), IdleTimer(ws), False
     try: dropped = await session.run(ws, watch, idle)
     finally:
         idle.close(); watch.close()
         if session.owner is ws:  # else parked, or resumed on another socket: not this one's to end
-            if dropped and resumable: session.owner = None; park(hub, session.token)
+            if dropped and resumable(): session.owner = None; park(hub, session.token)
             else:
                 forget(hub, session.token)
                 hub.active -= slot

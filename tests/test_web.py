@@ -1,7 +1,7 @@
 """The web interface in a real browser: Debian's Chromium, driven by Playwright for Python.
 
 Skipped when Chromium or Playwright is missing, failed instead when OPENENV_REQUIRE names `browser`.
-Screenshots go to $OPENENV_ARTIFACTS, else openenv-nb-artifacts/ in the temporary folder, for a person to look at.
+Screenshots go to $OPENENV_ARTIFACTS, else openenv-nb-artifacts-UID/ in the temporary folder, for a person to look at.
 """
 import importlib.util
 import json
@@ -26,7 +26,8 @@ from openenv_nb.types import Action, Observation, State
 pytestmark = pytest.mark.browser
 
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(os.environ.get("OPENENV_ARTIFACTS") or tempfile.gettempdir()) / "openenv-nb-artifacts"
+# one folder a user: another user's run on the same machine owns the one it made
+ARTIFACTS = Path(os.environ.get("OPENENV_ARTIFACTS") or Path(tempfile.gettempdir()) / f"openenv-nb-artifacts-{os.getuid()}")
 HAS_CODING = importlib.util.find_spec("openenv_nb.envs.coding") is not None
 
 
@@ -118,7 +119,7 @@ def open_page(browser):
 
 
 def shot(page, name: str):
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
