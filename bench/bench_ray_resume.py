@@ -10,7 +10,6 @@ The issue's figure: 10,000 environments, 8 nodes, 0 episodes lost, back to full 
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -77,7 +77,7 @@ def room(hub: Hub, # the server's shared state
     "Whether `n` more slots are free, letting parked sessions go (oldest first) to free them."
     parked = [t for t, k in hub.kept.items() if k.timer is not None]
     while hub.active + n > hub.max_sessions and parked:
-        k = hub.kept.pop(t := parked.pop(0)); k.timer.cancel(); _let_go(hub, k)
+        k = hub.kept.pop(parked.pop(0)); k.timer.cancel(); _let_go(hub, k)
         hub.evicted += 1
     return hub.active + n <= hub.max_sessions
 

@@ -28,6 +28,14 @@ def served(app):
     with serve_in_thread(app) as url: yield url, app.state.hub
 
 
+async def until(cond) -> bool:
+    "Whether `cond()` comes true within a bounded wait (the server notices a cut in its own time)."
+    for _ in range(200):
+        if cond(): return True
+        await asyncio.sleep(0.05)
+    return cond()
+
+
 def actions_for(family: str, n: int, rng: random.Random) -> list[dict]:
     if family == "echo": return [{"message": "".join(rng.choices("abc", k=rng.randint(0, 5)))} for _ in range(n)]
     if family == "cartpole": return [{"action": rng.randint(0, 1)} for _ in range(n)]
@@ -92,9 +100,7 @@ def test_sessions_left_after_the_grace_period():
             clients = [GenericEnvClient(proxy.url, resume=False) for _ in range(5)]
             for c in clients: await c.reset()
             proxy.cut_all()
-            for _ in range(200):  # bounded wait for the server to park, then let go, all five
-                if not hub.kept and hub.active == 0: break
-                await asyncio.sleep(0.05)
+            await until(lambda: not hub.kept and hub.active == 0)  # parked, then let go, all five
             for c in clients: c._abandon()
         return len(hub.kept), hub.active
     with served(app) as (url, hub): assert asyncio.run(main(url, hub)) == (0, 0)
@@ -108,9 +114,7 @@ def test_parked_sessions_never_keep_newcomers_out():
             gone = [GenericEnvClient(proxy.url, resume=False) for _ in range(2)]
             for c in gone: await c.reset()
             proxy.cut_all()
-            for _ in range(200):
-                if sum(k.timer is not None for k in hub.kept.values()) == 2: break
-                await asyncio.sleep(0.05)
+            await until(lambda: sum(k.timer is not None for k in hub.kept.values()) == 2)
             async with GenericEnvClient(url) as fresh:
                 r = await fresh.step({"message": "hi"}) if (await fresh.reset()) else None
             for c in gone: c._abandon()
