@@ -31,6 +31,7 @@ class Snapshot:
     step_count: int # steps taken in the episode
     native: bool # the environment copied itself (else the server replays the episode)
     log: EpisodeLog = field(repr=False, compare=False) # the client's episode log at that point
+    blob: str | None = field(default=None, repr=False) # signed, for another server of the pool (`portable`)
 
 # %% ../nbs/03c_forks.ipynb #cabfe1ec
 def _offered(self: EnvClient):
@@ -40,25 +41,27 @@ def _offered(self: EnvClient):
 
 @patch
 @autosync
-async def snapshot(self: EnvClient) -> Snapshot:
+async def snapshot(self: EnvClient, portable: bool = False # also a signed blob, for the pool's other servers
+                  ) -> Snapshot:
     "A snapshot of this episode as it is now, kept by the server."
     if self._ws is None: await self.connect()
     _offered(self)
-    d = await self._request({"type": "snapshot"})
+    d = await self._request({"type": "snapshot", **({"data": {"portable": True}} if portable else {})})
     return Snapshot(d["snapshot_id"], self.episode.target, d["step_count"], d["native"],
-                    copy.deepcopy(self.episode))
+                    copy.deepcopy(self.episode), d.get("blob"))
 
 # %% ../nbs/03c_forks.ipynb #7cb716bd
 @patch
 @autosync
-async def restore(self: EnvClient, snapshot: Snapshot # from `snapshot()`, on this server
+async def restore(self: EnvClient, snapshot: Snapshot # from `snapshot()`: on this server, or portable
                  ) -> StepResult:
     "Put this session in `snapshot`'s state: a new episode, the step count carried over; its observation."
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"restore takes a Snapshot (from snapshot()), not {type(snapshot).__name__}")
     if self._ws is None: await self.connect()
     _offered(self)
-    payload = await self._request({"type": "restore", "data": {"snapshot_id": snapshot.id}})
+    blob = {"blob": snapshot.blob} if snapshot.blob else {}
+    payload = await self._request({"type": "restore", "data": {"snapshot_id": snapshot.id, **blob}})
     self.episode = copy.deepcopy(snapshot.log)
     return self._parse_result(payload)
 

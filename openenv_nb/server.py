@@ -32,6 +32,7 @@ from .mcp_sessions import mcp, mcp_socket, serve_tools
 from .routes import HOT, Hot, add_http_routes, add_info_routes, respond
 from .runner import bind, serve, serve_in_thread
 from .sessions import EXT_HEADER, ws_endpoint
+from .snapshots import Store
 from .tasks import add_task_routes
 from .types import Action, EnvironmentMetadata, Observation, State
 from .upstream import adopt
@@ -299,6 +300,7 @@ def create_app(
     mode: str | None = None, # `simulation` or `production`; `None` reads `OPENENV_MODE`
     max_sessions: int | None = None, # an alias of `max_concurrent_envs`
     resume_grace_s: float | None = None, # seconds a dropped session waits for its client; 0 none; `None`: `grace`
+    snapshot_key: str | None = None, # signs portable snapshots, shared by a pool; `None`: `OPENENV_SNAPSHOT_KEY`
 ) -> FastAPI:
     "A FastAPI app (an `App`) serving `env` over HTTP, `/ws` and `/mcp`."
     if max_sessions is not None and max_concurrent_envs not in (None, max_sessions):
@@ -315,6 +317,7 @@ def create_app(
               workers, metadata, max_timeout_s, max_session_age or None, max_connections,
               Doors(token, allow_origins, max_body or max_message_size), reset_observation_cls,
               grace(resume_grace_s))
+    if snapshot_key: hub.snapshots = Store(key=snapshot_key)
     name = getattr(cls, "__name__", getattr(env, "__name__", "environment"))
     app = App(title=f"openenv-nb: {env_name or name}", version="1.0.0",
               description=f"{name} served by openenv-nb {__version__}", lifespan=_lifespan,

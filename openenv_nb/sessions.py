@@ -32,7 +32,7 @@ from .messages import (MESSAGES, Framed, IdleTimer, capped, decode, reply, send_
                                   too_big, unwritable)
 from .parking import Kept, forget, keep, new_token, park, room, take
 from .snapshots import SNAPSHOT_MESSAGES, Trail, store_of
-from .snapshots import restore as restore_snapshot, take as take_snapshot
+from .portable import restore_any, snapshot
 from .types import (EXT_HEADER, RESUME_HEADER, SESSION_HEADER, ErrorCode, dumps, error_frame,
                               list_adapter, loads)
 
@@ -216,9 +216,8 @@ async def answer(self, m: BaseModel) -> dict | None:
                            "This connection asked for 'batch' and has no default environment: "
                            "open environments with 'batch.open' and address them in 'batch' ops",
                            errors=[])
-    if kind == "snapshot": return await take_snapshot(hub, self.env, self.trail, self)
-    if kind == "restore": return capped(await restore_snapshot(hub, self.env, self.trail,
-                                                               m.data.snapshot_id), hub.max_reply)
+    if kind == "snapshot": return await snapshot(hub, self.env, self.trail, self, m.data.portable)
+    if kind == "restore": return capped(await restore_any(hub, self.env, self.trail, m.data, self), hub.max_reply)
     kw = m.kwargs.model_dump(exclude_unset=True) if kind == "step" else {}
     if kind == "mcp": out = await act(hub, self.env, kind, m.data, methods=self.rpc_methods())
     else: out = await act(hub, self.env, kind, getattr(m, "data", {}), **kw)

@@ -10,6 +10,7 @@ __all__ = ['SNAPSHOT_MESSAGES', 'SNAPSHOT_TTL_S', 'MAX_SNAPSHOTS', 'MAX_SNAPSHOT
 
 # %% ../nbs/02f_snapshots.ipynb #e91dcfd9
 import asyncio
+import os
 import pickle
 import secrets
 import time
@@ -18,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from .actions import Hub, act, raised
 from .environment import Environment, can_snapshot
@@ -26,12 +27,23 @@ from .episodes import digest
 from .types import ErrorCode, error_frame, dumps
 
 # %% ../nbs/02f_snapshots.ipynb #151521ae
+class _SnapshotData(BaseModel, extra="forbid"):
+    portable: bool = Field(False, description="Also hand out a signed `blob` that other servers of the pool take")
+
 class SnapshotMsg(BaseModel, extra="forbid"):
-    "Keep the episode as it is now; the reply's `data` holds its `snapshot_id`."
+    "Keep the episode as it is now; the reply's `data` holds its `snapshot_id` (and a `blob` if asked)."
     type: Literal["snapshot"]
+    data: _SnapshotData = _SnapshotData()
 
 class _RestoreData(BaseModel, extra="forbid"):
-    snapshot_id: str = Field(max_length=128, description="An id from a `snapshot` reply")
+    snapshot_id: str | None = Field(None, max_length=128, description="An id from a `snapshot` reply")
+    blob: str | None = Field(None, description="A `blob` from a portable `snapshot`, used when the id is unknown")
+
+    @model_validator(mode="after")
+    def _either(self):
+        if self.snapshot_id is None and self.blob is None:
+            raise ValueError("restore needs a 'snapshot_id' (or a portable snapshot's 'blob')")
+        return self
 
 class RestoreMsg(BaseModel, extra="forbid"):
     "Start a new episode in a kept state; the reply is its observation, the step count carried over."
@@ -44,9 +56,9 @@ SNAPSHOT_MESSAGES = {"snapshot": SnapshotMsg, "restore": RestoreMsg}
 @dataclass
 class Trail:
     "What a session keeps of its episode for snapshots: the reset, the steps, the last reply."
-    replay: bool = False # keep the reset and actions (the environment cannot copy itself)
+    replay: bool = False # check replies on replay: a digest per step (the environment cannot copy itself)
     reset: dict | None = None # the reset's data, as sent; `None`: no episode yet
-    steps: list = field(default_factory=list) # `(action, kwargs, digest)` per step
+    steps: list = field(default_factory=list) # `(action, kwargs, digest or None)` per step
     reply: dict | None = None # the last reset or step reply's `data` (the observation envelope)
     broken: bool = False # an `mcp` call came between: the log no longer rebuilds the episode
 
@@ -59,7 +71,7 @@ class Trail:
         if frame.get("type") != "observation": return
         if kind == "reset":
             self.reset, self.steps, self.broken = dict(data), [], False
-        elif self.replay: self.steps.append((data, kwargs, digest(frame["data"])))
+        else: self.steps.append((data, kwargs, digest(frame["data"]) if self.replay else None))
         self.reply = frame["data"]
 
 # %% ../nbs/02f_snapshots.ipynb #69d6a1ba
@@ -77,6 +89,7 @@ class Snap:
     step_count: int # steps taken in the episode
     size: int # bytes it counts for
     made: float # when it was taken (the store's clock)
+    log: tuple | None = None # `(reset data, steps)`: how the episode got there (for a portable copy)
 
 # %% ../nbs/02f_snapshots.ipynb #60eb6fef
 class Store:
@@ -84,8 +97,10 @@ class Store:
     def __init__(self, ttl_s: float = SNAPSHOT_TTL_S, # seconds a snapshot lives
                  max_count: int = MAX_SNAPSHOTS, # snapshots one session may hold
                  max_bytes: int = MAX_SNAPSHOT_BYTES, # bytes one session's snapshots may hold
-                 clock: Callable[[], float] = time.monotonic): # the time, in seconds
+                 clock: Callable[[], float] = time.monotonic, # the time, in seconds
+                 key: str | None = None): # signs portable snapshots; `None`: `$OPENENV_SNAPSHOT_KEY`, if set
         self.ttl_s, self.max_count, self.max_bytes, self.clock = ttl_s, max_count, max_bytes, clock
+        self.key = key or os.environ.get("OPENENV_SNAPSHOT_KEY") or None
         self.snaps: OrderedDict[str, Snap] = OrderedDict()  # oldest first
         self.owned: dict[Any, list[str]] = {}  # each session's ids, oldest first
 
@@ -150,6 +165,9 @@ def _size(state) -> int:
     try: return len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception: return UNSIZED
 
+def _log_size(log) -> int:
+    return len(dumps(log[0])) + sum(len(dumps(s[0])) + len(dumps(s[1])) + 64 for s in log[1])
+
 # %% ../nbs/02f_snapshots.ipynb #bd860fec
 async def take(hub: Hub, # the server's shared state
                env: Environment, # the session's environment
@@ -164,18 +182,20 @@ async def take(hub: Hub, # the server's shared state
     if native:
         try: state = await asyncio.get_running_loop().run_in_executor(hub.pool, env.snapshot_state)
         except Exception as e:
-            if not (cls.REPLAYABLE and trail.replay): return raised(e)
+            if not cls.REPLAYABLE: return raised(e)
             native = False
     if not native:
-        if not cls.REPLAYABLE or not trail.replay:
+        if not cls.REPLAYABLE:
             return refused("not_snapshottable", f"{cls.__name__} can neither copy its state (snapshot_state) "
                            "nor be replayed (REPLAYABLE): it cannot be snapshotted")
-        if trail.broken:
+    log = None if trail.broken else (dict(trail.reset), list(trail.steps))
+    if not native:
+        if log is None:
             return refused("not_snapshottable", "An 'mcp' call changed this episode outside its log, so "
                            "it cannot be replayed: reset, then snapshot")
-        state = (dict(trail.reset), list(trail.steps))
-    size = _size(state) if native else len(dumps(state[0])) + sum(len(dumps(s[0])) + 64 for s in state[1])
-    try: sid = store.put(Snap(owner, cls, native, state, trail.reply, steps, size, 0.0))
+        state = log
+    size = (_size(state) if native else 0) + (_log_size(log) if log else 0)
+    try: sid = store.put(Snap(owner, cls, native, state, trail.reply, steps, size, 0.0, log))
     except TooBig as e: return refused("snapshot_too_large", str(e))
     return {"type": "snapshot", "data": {"snapshot_id": sid, "step_count": steps, "native": native,
                                          "expires_in_s": store.ttl_s}}
@@ -199,15 +219,15 @@ async def restore(hub: Hub, # the server's shared state
     if snap.native:
         try: await asyncio.get_running_loop().run_in_executor(hub.pool, env.restore_state, snap.state, new_id)
         except Exception as e: return raised(e)
-        trail.reset, trail.steps = {"episode_id": new_id}, []
-        trail.replay = False  # a native session snapshots natively
+        reset, steps = snap.log or ({}, [])
+        trail.reset, trail.steps = {**reset, "episode_id": new_id}, list(steps)
     else:
         reset, steps = snap.state
         frame = await act(hub, env, "reset", {**reset, "episode_id": new_id})
         for n, (data, kwargs, d) in enumerate(steps, 1):
             if frame["type"] == "error": break
             frame = await act(hub, env, "step", data, **kwargs)
-            if frame["type"] != "error" and digest(frame["data"]) != d:
+            if frame["type"] != "error" and d is not None and digest(frame["data"]) != d:
                 return refused("replay_diverged", f"Replaying the snapshot went another way at step {n}: "
                                f"{type(env).__name__} is not deterministic for these reset arguments")
         if frame["type"] == "error": return frame

@@ -140,3 +140,85 @@ def test_not_snapshottable_and_limits():
             with pytest.raises(EnvServerError, match="at most 2 per session"): await env.restore(first)
             assert (await env.restore(last)).observation is not None
     with serve_in_thread(app) as url: asyncio.run(limits(url))
+
+
+POOL_KEY = "a secret the pool shares"
+
+
+@pytest.mark.parametrize("family", ["echo", "echo-replay", "cartpole", "chess"])
+def test_pool_of_two(family, monkeypatch):
+    "A portable snapshot taken on one server restores on another of the pool: the same trace as a replay."
+    target, k, rest = FAMILIES[family]
+    extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess")}.get(family)
+    if extra: need(extra[0], importlib.util.find_spec(extra[1]) is not None, f"needs the {extra[0]} extra")
+    rng = random.Random(family + "pool")
+    seed, prefix, suffix = rng.randrange(10**6), actions_for(family, k, rng), actions_for(family, rest, rng)
+    if family == "chess": prefix, suffix = prefix[:k], actions_for(family, k + rest, rng)[k:]
+    async def main(a, b):
+        async with GenericEnvClient(a) as fresh:
+            await fresh.reset(seed=seed)
+            await continued(fresh, prefix)
+            want = await continued(fresh, suffix)
+        async with GenericEnvClient(a) as env, GenericEnvClient(b) as far:
+            await env.reset(seed=seed)
+            await continued(env, prefix)
+            snap = await env.snapshot(portable=True)
+            await far.restore(snap)
+            steps = (await far.state())["step_count"]
+            return want, steps, await continued(far, suffix), len(far.episode)
+    one = create_app(target, max_concurrent_envs=4, snapshot_key=POOL_KEY) if not isinstance(target, str) \
+        else make_app(target, max_sessions=4, snapshot_key=POOL_KEY)
+    monkeypatch.setenv("OPENENV_SNAPSHOT_KEY", POOL_KEY)  # the other server reads the key from its environment
+    two = app_for(target)
+    with serve_in_thread(one) as a, serve_in_thread(two) as b:
+        want, steps, got, logged = asyncio.run(main(a, b))
+    assert want and steps == len(prefix) and got == want
+    assert logged == len(prefix) + len(got)  # the far client's log: the snapshot's steps, then its own
+
+
+def test_portable_red_team(tmp_path):
+    "Another key, another target, a changed byte, an expired or unsigned blob, no key: refused, sessions usable."
+    import base64, pickle
+    from openenv_nb.portable import seal, unseal
+    canary = tmp_path / "unpickled"
+    class Boom:
+        def __reduce__(self): return (open, (str(canary), "w"))
+    apps = {"a": create_app(EchoEnvironment, max_concurrent_envs=4, snapshot_key=POOL_KEY),
+            "b": create_app(EchoEnvironment, max_concurrent_envs=4, snapshot_key="another pool"),
+            "c": create_app(ReplayedEcho, max_concurrent_envs=4, snapshot_key=POOL_KEY),
+            "none": create_app(EchoEnvironment, max_concurrent_envs=4)}
+    async def main(urls):
+        async with GenericEnvClient(urls["a"]) as env, GenericEnvClient(urls["a"]) as mate:
+            await env.reset(seed=1); await env.step({"message": "hi"})
+            snap = await env.snapshot(portable=True)
+            body = unseal(POOL_KEY, snap.blob)
+            signed = lambda d: Snapshot("unknown", None, 1, True, snap.log, seal(POOL_KEY, d))
+            head, _, sig = snap.blob.partition(".")
+            flip = head[:-3] + ("A" if head[-3] != "A" else "B") + head[-2:]
+            pickled = base64.urlsafe_b64encode(pickle.dumps(Boom())).decode().rstrip("=")
+            cases = {"a": [("signature does not hold", Snapshot("u", None, 1, True, snap.log, f"{flip}.{sig}")),
+                           ("signature does not hold", Snapshot("u", None, 1, True, snap.log, f"{pickled}.{sig}")),
+                           ("signature does not hold", Snapshot("u", None, 1, True, snap.log, "x" * 300)),
+                           ("time to live is over", signed({**body, "expires_at": 1.0})),
+                           ("is of tests", signed({**body, "target": "tests.x:Other"}))],
+                     "b": [("signature does not hold", snap)],
+                     "c": [("is of openenv_nb.envs.echo:EchoEnvironment", snap)],
+                     "none": [("no snapshot key", snap)]}
+            for name, bad in cases.items():
+                async with GenericEnvClient(urls[name]) as far:
+                    await far.reset(); await far.step({"message": "before"})
+                    for match, s in bad:
+                        with pytest.raises(EnvServerError, match=match): await far.restore(s)
+                    assert (await far.step({"message": "after"})).observation["echoed_message"] == "after"
+                    assert (await far.state())["step_count"] == 2
+            async with GenericEnvClient(urls["none"]) as far:
+                await far.reset()
+                with pytest.raises(EnvServerError, match="OPENENV_SNAPSHOT_KEY"): await far.snapshot(portable=True)
+                assert (await far.snapshot()).blob is None  # the plain snapshot still works
+            assert (await mate.restore(snap)).observation["echoed_message"] == "hi"  # the id, on its own server
+    servers = {k: serve_in_thread(v) for k, v in apps.items()}
+    urls = {k: s.__enter__() for k, s in servers.items()}
+    try: asyncio.run(main(urls))
+    finally:
+        for s in servers.values(): s.__exit__(None, None, None)
+    assert not canary.exists()  # a blob is never unpickled
