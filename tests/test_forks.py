@@ -8,10 +8,12 @@ import random
 import pytest
 
 import openenv_nb.forks  # noqa: F401  (adds snapshot, restore, fork to EnvClient)
+from chaos import Chaos
 from conftest import need
 from openenv_nb.client import GenericEnvClient
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.forks import MAX_FORKS, Snapshot
+from openenv_nb.resume import Resume
 from openenv_nb.runner import serve_in_thread
 from openenv_nb.server import create_app
 from openenv_nb.snapshots import Store
@@ -222,3 +224,52 @@ def test_portable_red_team(tmp_path):
     finally:
         for s in servers.values(): s.__exit__(None, None, None)
     assert not canary.exists()  # a blob is never unpickled
+
+
+FAST = Resume(attempts=40, total_s=60, first_delay_s=0.01, max_delay_s=0.2)
+
+
+@pytest.mark.parametrize("cls", [EchoEnvironment, ReplayedEcho])
+def test_snapshots_and_restores_through_cuts(cls):
+    "A proxy cuts connections at random, between a snapshot or restore and its reply too: the same traces, once each."
+    rng = random.Random(cls.__name__)
+    plans = [(rng.randrange(10**6), actions_for("echo", 3, rng), actions_for("echo", 3, rng)) for _ in range(80)]
+    async def episode(url, seed, prefix, suffix):
+        async with GenericEnvClient(url, resume=FAST) as env, GenericEnvClient(url, resume=FAST) as kid:
+            await env.reset(seed=seed)
+            await continued(env, prefix)
+            await kid.restore(await env.snapshot())
+            return await continued(kid, suffix), (await kid.state())["step_count"], env.resumes + kid.resumes
+    async def main(url):
+        calm = [await episode(url, *p) for p in plans]
+        async with Chaos(int(url.rsplit(":", 1)[1]), p=0.08, seed=2) as proxy:
+            sem = asyncio.Semaphore(16)
+            async def one(p):
+                async with sem: return await episode(proxy.url, *p)
+            rough = await asyncio.gather(*[one(p) for p in plans])
+        return calm, rough, proxy.cuts
+    app = create_app(cls, max_concurrent_envs=64)
+    with serve_in_thread(app) as url: calm, rough, cuts = asyncio.run(main(url))
+    assert cuts > len(plans) // 4, f"the proxy cut only {cuts} connections: the test tests little"
+    assert [r[:2] for r in rough] == [c[:2] for c in calm]  # each step applied once, none lost
+    assert sum(r[2] for r in rough) > 0 and app.state.hub.answered_again > 0
+
+
+def test_a_portable_snapshot_outlives_its_server():
+    "The server that took a portable snapshot is replaced: a client restores it on the new one, by its blob."
+    async def main():
+        with serve_in_thread(create_app(EchoEnvironment, snapshot_key=POOL_KEY)) as url:
+            proxy = await Chaos(int(url.rsplit(":", 1)[1])).__aenter__()
+            env = GenericEnvClient(proxy.url, resume=FAST)
+            await env.reset(seed=5); await env.step({"message": "kept"})
+            snap = await env.snapshot(portable=True)
+            proxy.cut_all()
+        with serve_in_thread(create_app(EchoEnvironment, snapshot_key=POOL_KEY)) as url2:
+            proxy.target = int(url2.rsplit(":", 1)[1])
+            try:
+                r = await env.restore(snap)  # the id is unknown here; the blob is taken
+                return r.observation["echoed_message"], (await env.state())["step_count"], env.resumes
+            finally:
+                env._abandon()
+                await proxy.__aexit__()
+    assert asyncio.run(main()) == ("kept", 1, 1)
