@@ -127,6 +127,25 @@ def test_batch_connection_survives_every_bad_field(url, no_tracebacks):
     asyncio.run(survive(url, mutants(BATCH, MUTANTS, SEED + 1), "batch", opened))
 
 
+SNAPSHOTS = [  # sessions that asked for `snapshot`: every field of snapshot and restore, and odd blobs
+    '{"type":"snapshot","data":$V}', '{"type":"snapshot","data":{"portable":$V}}', '{"type":"snapshot","data":{$K:1}}',
+    '{"type":"snapshot","id":$V}', '{"type":"restore","data":{"snapshot_id":$V}}', '{"type":"restore","data":$V}',
+    '{"type":"restore","data":{"blob":$V}}', '{"type":"restore","data":{"snapshot_id":"x","blob":$V}}',
+    '{"type":"restore","data":{$K:"x"}}', '{"type":"restore","data":{"snapshot_id":"x",$K:$V}}',
+]
+BLOBS = ['"."', '"a.b"', '"..."', '"' + "A" * 5000 + '.' + "B" * 43 + '"', '"\\u0000.\\u0000"',
+         '"e30.AAAA"', '"eyJ0YXJnZXQiOjF9.' + "A" * 43 + '"']
+
+
+def test_snapshot_messages_survive_every_bad_field(no_tracebacks):
+    setup = ('{"type":"reset","data":{"seed":1}}', '{"type":"step","data":{"message":"x"}}')
+    frames = [f for t in SNAPSHOTS for f in filled(t)]
+    frames += [f'{{"type":"restore","data":{{"blob":{b}}}}}' for b in BLOBS]
+    with serve_in_thread(create_app(EchoEnvironment, max_concurrent_envs=4, snapshot_key="k")) as keyed:
+        asyncio.run(survive(keyed, frames, "snapshot", setup))
+        asyncio.run(survive(keyed, mutants(SNAPSHOTS, MUTANTS, SEED + 2), "snapshot", setup))
+
+
 HTTP = [  # (path, body template)
     ("/reset", '{"seed":$V}'), ("/reset", '{"episode_id":$V}'), ("/reset", '{$K:1}'), ("/reset", "$V"),
     ("/reset", '{"seed":1,"episode_id":"e",$K:$V}'),
