@@ -105,7 +105,6 @@ async def restore_any(hub: Hub, # the server's shared state
                       env: Environment, # the session's environment
                       trail: Trail, # the session's trail
                       data, # the `restore` message's data: `snapshot_id`, `blob`
-                      owner, # the session (a blob is kept in its budget while it is restored)
                       now=time.time # the wall clock, in seconds
                      ) -> dict:
     "The reply to `restore`: from the id when this server has it, else from the blob."
@@ -115,7 +114,7 @@ async def restore_any(hub: Hub, # the server's shared state
     body, no = _checked(store, env, data.blob, now())
     if no: return no
     log = body["log"] and (body["log"][0], [tuple(s) for s in body["log"][1]])
-    snap = Snap(owner, type(env), log is None, body["native"] if log is None else log, body["reply"],
+    snap = Snap(object(), type(env), log is None, body["native"] if log is None else log, body["reply"],
                 body["step_count"], len(data.blob), 0.0, log)
     try: sid = store.put(snap)
     except TooBig as e: return refused("snapshot_too_large", str(e))

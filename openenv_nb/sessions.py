@@ -217,7 +217,7 @@ async def answer(self, m: BaseModel) -> dict | None:
                            "open environments with 'batch.open' and address them in 'batch' ops",
                            errors=[])
     if kind == "snapshot": return await snapshot(hub, self.env, self.trail, self, m.data.portable)
-    if kind == "restore": return capped(await restore_any(hub, self.env, self.trail, m.data, self), hub.max_reply)
+    if kind == "restore": return capped(await restore_any(hub, self.env, self.trail, m.data), hub.max_reply)
     kw = m.kwargs.model_dump(exclude_unset=True) if kind == "step" else {}
     if kind == "mcp": out = await act(hub, self.env, kind, m.data, methods=self.rpc_methods())
     else: out = await act(hub, self.env, kind, getattr(m, "data", {}), **kw)
