@@ -184,10 +184,9 @@ async def take(hub: Hub, # the server's shared state
         except Exception as e:
             if not cls.REPLAYABLE: return raised(e)
             native = False
-    if not native:
-        if not cls.REPLAYABLE:
-            return refused("not_snapshottable", f"{cls.__name__} can neither copy its state (snapshot_state) "
-                           "nor be replayed (REPLAYABLE): it cannot be snapshotted")
+    if not native and not cls.REPLAYABLE:
+        return refused("not_snapshottable", f"{cls.__name__} can neither copy its state (snapshot_state) "
+                       "nor be replayed (REPLAYABLE): it cannot be snapshotted")
     log = None if trail.broken else (dict(trail.reset), list(trail.steps))
     if not native:
         if log is None:
