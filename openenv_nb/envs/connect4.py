@@ -102,6 +102,20 @@ def _observe(self: Connect4Environment, reward: float) -> Connect4Observation:
         legal_actions=[c for c in range(COLUMNS) if self.board[0][c] == 0],
         metadata={"next_player": self._state.next_player}))
 
+# %% ../../nbs/envs/connect4.ipynb #40fc97e2
+@patch
+def snapshot_state(self: Connect4Environment) -> dict:
+    "A copy of the game, as JSON data: the board, whether it is over, the state."
+    return {"board": [r[:] for r in self.board], "done": self.done,
+            "state": self._state.model_dump(mode="json")}
+
+@patch
+def restore_state(self: Connect4Environment, state: dict, # what `snapshot_state` returned
+                  episode_id: str): # the restored game's id
+    "Go on from `state`, as a new game id with its step count."
+    self._state = Connect4State.model_validate({**state["state"], "episode_id": episode_id})
+    self.board, self.done = [r[:] for r in state["board"]], bool(state["done"])
+
 # %% ../../nbs/envs/connect4.ipynb #fc9265a7
 @patch
 def get_metadata(self: Connect4Environment) -> EnvironmentMetadata:
