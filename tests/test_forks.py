@@ -36,6 +36,7 @@ def actions_for(family, n, rng):
                                                   for _ in range(n)]
     if family == "cartpole": return [{"action": rng.randint(0, 1)} for _ in range(n)]
     if family == "chess": return [{"move": m} for m in ("e2e4", "g1f3", "f1c4", "b1c3", "d2d3", "c1g5")[:n]]
+    if family == "textarena": return [{"message": rng.choice(["[up]", "[down]", "[left]", "[right]"])} for _ in range(n)]
     if family == "coding": return [{"code": f"x{i} = {rng.randint(1, 9)}\nprint(sum(v for k, v in globals().items() if k[0] == 'x'))"}
                                    for i in range(n)]
     raise ValueError(family)
@@ -43,7 +44,8 @@ def actions_for(family, n, rng):
 
 FAMILIES = {"echo": (EchoEnvironment, 3, 5), "echo-replay": (ReplayedEcho, 3, 5),
             "cartpole": ("gym:CartPole-v1", 4, 6), "chess": ("chess", 3, 3),
-            "coding": ("coding", 3, 2)}  # by replay: its code history in a fresh worker
+            "coding": ("coding", 3, 2),  # by replay: its code history in a fresh worker
+            "textarena": ("textarena:2048-v0", 3, 5)}  # a new tile after every move: the generator is copied
 
 
 def app_for(target):
@@ -66,7 +68,8 @@ def test_branches_match_replay(family):
     "Fork at step k into 64 branches (coding: 4); each goes on as seed + prefix + suffix from scratch."
     n = BRANCHES_OF.get(family, BRANCHES)
     target, k, rest = FAMILIES[family]
-    extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess")}.get(family)
+    extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess"),
+             "textarena": ("textarena", "textarena")}.get(family)
     if extra: need(extra[0], importlib.util.find_spec(extra[1]) is not None, f"needs the {extra[0]} extra")
     rng = random.Random(family)
     seed, prefix, suffix = rng.randrange(10**6), actions_for(family, k, rng), actions_for(family, rest, rng)

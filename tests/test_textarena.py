@@ -230,6 +230,32 @@ def test_messages_option_is_checked():
     assert make_textarena_target("Wordle-v0?messages=typed")().reset(seed=0).messages[0].category == "PROMPT"
 
 
+def test_forked_wordle_goes_on_as_the_original(wordle_url):
+    "A fork of a live Wordle, taken natively, plays to the same end as the original and as a replay from the seed."
+    import openenv_nb.forks  # noqa: F401  (adds snapshot, restore and fork to the clients)
+    guesses = [f"[{w}]" for w in WORDS]
+    with TextArenaEnv(wordle_url).sync() as env:
+        env.reset(seed=11)
+        secret = secret_of(env)
+        plays = [g for g in guesses if g != f"[{secret}]"][:2] + [f"[{secret}]"]
+        env.step(TextArenaAction(message=plays[0]))
+        snap = env.snapshot()
+        kids = env.fork(2)
+        assert snap.native and [k.state().step_count for k in kids] == [1, 1]
+        assert all(secret_of(k) == secret for k in kids)
+        trace = lambda c: [(r.observation.messages, r.reward, r.done) for r in
+                           (c.step(TextArenaAction(message=g)) for g in plays[1:])]
+        got, mine = [trace(k) for k in kids], trace(env)
+        env.restore(snap)  # the snapshot outlives its game's end, and goes on again
+        again = trace(env)
+        for k in kids: k.close()
+    with TextArenaEnv(wordle_url).sync() as fresh:
+        fresh.reset(seed=11)
+        fresh.step(TextArenaAction(message=plays[0]))
+        want = trace(fresh)
+    assert want[-1][1:] == (1.0, True) and got == [want, want] and mine == want and again == want
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Other games, seeds
 

@@ -13,6 +13,7 @@ __all__ = ['NLTK_DATA', 'WORDLE_DATA', 'RAW_STATE', 'TextArenaMessage', 'TextAre
 
 # %% ../../nbs/envs/textarena.ipynb #c1945c2f
 import contextlib
+import copy
 import functools
 import gzip
 import importlib
@@ -163,6 +164,8 @@ def english_dictionary(include_nltk: bool # add NLTK's words (needs its `words` 
 # %% ../../nbs/envs/textarena.ipynb #bdaa83e4
 class Wordle(WordleEnv):
     "TextArena's Wordle, its words shipped (or `words`), its dictionary built once per process."
+    # play only reads these: snapshots leave them out (see Snapshots, below)
+    READ_ONLY = ("english", "word_list", "known", "dictionary")
     def __init__(self, words: list[str] | None = None, # secrets to draw; `None`: TextArena's
                  word_length: int = 5, # letters in a word
                  num_guesses: int = 6, # guesses before the game is lost
@@ -429,6 +432,30 @@ def wordle_signals(self: TextArenaEnvironment, message: str, # the move
     self.guesses.append(word)
     return {"wordle.greens": feedback.count("G") / n, "wordle.yellows": feedback.count("Y") / n,
             "wordle.repetitions": 1.0 - repeats, "wordle.correct": float(reward)}
+
+# %% ../../nbs/envs/textarena.ipynb #932c583c
+_TA_COPIED = ("steps", "done", "last_reward", "last_info", "seen", "guesses")
+
+@patch
+def snapshot_state(self: TextArenaEnvironment) -> dict:
+    "A copy of the game (less what it only reads), the generators' states and the bookkeeping."
+    if self.episode_id is None: raise ValueError(f"{self.env_id} has no game to copy: reset first")
+    shared = getattr(self.inner, "READ_ONLY", ())
+    game = copy.deepcopy(self.game, {id(v): v for v in (getattr(self.inner, k) for k in shared)})
+    for k in shared: setattr(unwrapped(game), k, None)
+    return {"game": game, "rng": self.rng.getstate(), "nprng": self.nprng.get_state(),
+            **copy.deepcopy({k: getattr(self, k) for k in _TA_COPIED})}
+
+@patch
+def restore_state(self: TextArenaEnvironment, state: dict, # what `snapshot_state` returned
+                  episode_id: str): # the restored game's id
+    "Go on from `state`, as a new game id with its step count; `READ_ONLY` parts from this game."
+    shared = {k: getattr(self.inner, k) for k in getattr(self.inner, "READ_ONLY", ())}
+    game = copy.deepcopy(state["game"])
+    for k, v in shared.items(): setattr(unwrapped(game), k, v)
+    self.game, self.inner, self.episode_id = game, unwrapped(game), episode_id
+    self.rng.setstate(state["rng"]); self.nprng.set_state(state["nprng"])
+    for k in _TA_COPIED: setattr(self, k, copy.deepcopy(state[k]))
 
 # %% ../../nbs/envs/textarena.ipynb #d3474629
 @patch
