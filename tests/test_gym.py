@@ -291,3 +291,60 @@ def test_batch_hooks_on_and_off_give_the_same_frames(env_id, inline):
     assert any(any(f["dones"]) for f in frames) or env_id.startswith("Taxi")  # episodes end (Taxi's run past 40 steps)
     assert frames[6]["errors"][2]["code"] == "VALIDATION_ERROR"
     assert frames[10]["errors"][-1]["code"] == "VALIDATION_ERROR" and all(e is None for e in frames[10]["errors"][:-1])
+
+
+FORKED = ["CartPole-v1", "FrozenLake-v1", "MountainCar-v0", "Acrobot-v1", "Pendulum-v1", "Blackjack-v1",
+          "CliffWalking", "Taxi"]
+
+
+def newest(name: str) -> str:
+    "The newest registered version of `name` (a full id is kept)."
+    return name if "-v" in name else max((k for k in gym.registry if k.startswith(name + "-v")),
+                                         key=lambda k: int(k.rpartition("-v")[2]))
+
+
+def trace(env, actions):
+    "Each step's observation envelope and one draw of the environment's generator after the steps."
+    out = []
+    for a in actions:
+        r = env.step(a)
+        out.append((r.obs, r.reward, r.terminated, r.truncated))
+        if r.done: break
+    return out, env.env.unwrapped.np_random.random()
+
+
+@pytest.mark.parametrize("name", FORKED)
+def test_native_forks_go_on_as_the_original(name):
+    "A snapshot by fields (no deep copy), restored into a fresh and into a used environment, twice: the same trace."
+    cls = gym_env(newest(name))
+    a, used = cls(), cls()
+    space = a.env.action_space
+    space.seed(1)
+    acts = [cls.action_type(action=jsonable(space.sample())) for _ in range(40)]
+    k = 1 if name.startswith("Blackjack") else 3  # a hand of Blackjack is short
+    for seed in range(20):  # the first seed whose episode outlives the prefix
+        a.reset(seed=seed)
+        if not any([a.step(x).done for x in acts[:k]]): break
+    used.reset(seed=99); used.step(acts[5])
+    snap = a.snapshot_state()
+    assert "fields" in snap and snap["steps"] == k
+    forks = [cls(), used, cls()]
+    for i, b in enumerate(forks): b.restore_state(snap, f"fork{i}")
+    want = trace(a, acts[k:])
+    assert want[0]
+    for b in forks: assert trace(b, acts[k:]) == want
+    assert a.snapshot_state()["steps"] > k and snap["steps"] == k  # the snapshot is left as it was
+
+
+def test_a_layer_holding_something_else_is_deep_copied():
+    "An environment with an attribute no field copy takes (a `random.Random`) is copied whole, and still exact."
+    import random
+    cls = gym_env("CartPole-v1")
+    a, b = cls(), cls()
+    a.reset(seed=4)
+    a.env.unwrapped.coin = random.Random(3)
+    snap = a.snapshot_state()
+    assert "env" in snap
+    b.restore_state(snap, "deep")
+    acts = [cls.action_type(action=i % 2) for i in range(8)]
+    assert trace(b, acts) == trace(a, acts) and b.env.unwrapped.coin.random() == a.env.unwrapped.coin.random()

@@ -326,21 +326,107 @@ def get_metadata(self: GymEnvironment) -> EnvironmentMetadata:
                                            f"{self.env.action_space}, observations in "
                                            f"{self.env.observation_space}")
 
-# %% ../../nbs/envs/gym.ipynb #c778fd27
+# %% ../../nbs/envs/gym.ipynb #3f05ce8b
 import copy
 
+from gymnasium.envs.registration import EnvSpec
+
+class _Unplain(TypeError):
+    "A value `_plain` does not copy: the environment is deep-copied whole instead."
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, np.generic)  # immutable: shared, not copied
+
+def _plain(v):
+    "A copy of `v`, made of numbers, strings, numpy arrays, tuples, lists and dicts; `_Unplain` otherwise."
+    if isinstance(v, _ATOMS): return v
+    t = type(v)
+    if t is np.ndarray and not v.dtype.hasobject: return v.copy()
+    if t is tuple: return tuple(_plain(x) for x in v)
+    if t is list: return [_plain(x) for x in v]
+    if t is dict: return {_plain(k): _plain(x) for k, x in v.items()}
+    raise _Unplain(f"{t.__name__} is not a plain value")
+
+# %% ../../nbs/envs/gym.ipynb #ac76c556
+class _Rng:
+    "A numpy generator's bit-generator state (a small dict): how a copy keeps the random stream."
+    __slots__ = ("state",)
+    def __init__(self, g: np.random.Generator): self.state = g.bit_generator.state
+
+    def into(self, g # the generator there now, reused when of the same kind (seeding a new one is slow)
+            ) -> np.random.Generator:
+        "`g`, or a new generator, in this state."
+        if type(g) is not np.random.Generator or type(g.bit_generator).__name__ != self.state["bit_generator"]:
+            g = np.random.Generator(getattr(np.random, self.state["bit_generator"])(0))
+        g.bit_generator.state = self.state
+        return g
+
+# %% ../../nbs/envs/gym.ipynb #0e30de43
+# a layer's attributes that hold no episode state: what it wraps, how it was made
+_CONFIG = frozenset({"env", "_saved_kwargs", "_cached_spec", "_metadata"})
+
+def _layers(env: gym.Env) -> list:
+    "`env` and each environment it wraps, outermost first."
+    out = [env]
+    while isinstance(out[-1], gym.Wrapper): out.append(out[-1].env)
+    return out
+
+def _kept(k: str, v) -> bool:
+    "Whether attribute `k` (holding `v`) of a layer is episode state, which a copy carries."
+    return not (k in _CONFIG or isinstance(v, (spaces.Space, EnvSpec)))
+
+# %% ../../nbs/envs/gym.ipynb #6bf7cf5c
+def _fields(env: gym.Env # a Gymnasium environment, wrappers and all
+           ) -> tuple[tuple, list[dict]]:
+    "Each layer's type and its episode state, copied; `_Unplain` where a value is not plain."
+    ls, rngs, out = _layers(env), {}, []
+    for l in ls:
+        d = {}
+        for k, v in vars(l).items():
+            if isinstance(v, _ATOMS): d[k] = v
+            elif not _kept(k, v): continue
+            elif type(v) is np.random.Generator: d[k] = rngs.setdefault(id(v), _Rng(v))  # one per generator
+            else: d[k] = _plain(v)
+        out.append(d)
+    return tuple(map(type, ls)), out
+
+# %% ../../nbs/envs/gym.ipynb #95256a81
+def _put_fields(env: gym.Env, # a Gymnasium environment made as the snapshot's was
+                types: tuple, values: list[dict] # what `_fields` returned
+               ):
+    "Put each layer of `env` in the state `values` holds (fresh copies: `values` can be put again)."
+    ls = _layers(env)
+    if tuple(map(type, ls)) != types:
+        raise ValueError(f"The snapshot is of {' < '.join(t.__name__ for t in types)}, not of {env}: "
+                         "restore it into a session of the same environment")
+    made = {}
+    for l, d in zip(ls, values):
+        own = vars(l)
+        for k in own.keys() - d.keys():  # state the snapshot's layer did not have yet
+            if _kept(k, own[k]): del own[k]
+        for k, v in d.items():
+            if isinstance(v, _ATOMS): own[k] = v
+            elif type(v) is _Rng:
+                if id(v) not in made: made[id(v)] = v.into(own.get(k))
+                own[k] = made[id(v)]
+            else: own[k] = _plain(v)
+
+# %% ../../nbs/envs/gym.ipynb #c778fd27
 @patch
 def snapshot_state(self: GymEnvironment) -> dict:
-    "A deep copy of the Gymnasium environment (wrappers, state, random generator), its step count."
-    return {"env": copy.deepcopy(self.env), "steps": self.steps}
+    "Each layer's fields (state, counters, random generator), else a deep copy; its step count."
+    try: types, values = _fields(self.env)
+    except _Unplain: return {"env": copy.deepcopy(self.env), "steps": self.steps}
+    return {"types": types, "fields": values, "steps": self.steps}
 
 @patch
 def restore_state(self: GymEnvironment, state: dict, # what `snapshot_state` returned
                   episode_id: str): # the restored episode's id
     "Go on from `state` (a fresh copy of it), as a new episode with its step count."
-    old, self.env = self.env, copy.deepcopy(state["env"])
+    if "env" in state:
+        old, self.env = self.env, copy.deepcopy(state["env"])
+        old.close()
+    else: _put_fields(self.env, state["types"], state["fields"])
     self.steps, self.episode_id = state["steps"], episode_id
-    old.close()
 
 # %% ../../nbs/envs/gym.ipynb #9b21d8da
 class InlineGymEnvironment(GymEnvironment):
