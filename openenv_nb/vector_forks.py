@@ -10,7 +10,7 @@ __all__ = ['KEPT']
 # %% ../nbs/09a_vector_forks.ipynb #a88e17eb
 import copy
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from fastcore.basics import patch
 
@@ -27,7 +27,7 @@ KEPT = 4096  # snapshots whose server and trail a vector remembers (the oldest a
 # %% ../nbs/09a_vector_forks.ipynb #2396c9db
 @patch
 def _kept(self: VectorEnv) -> OrderedDict:
-    "The snapshots this vector took: id -> (the server's URL, the environment's trail then), oldest first."
+    "The snapshots this vector took: id -> (their server's URL, the trail then), oldest first."
     if (k := self.__dict__.get("_snaps")) is None: k = self._snaps = OrderedDict()
     return k
 
@@ -45,14 +45,15 @@ def _keep(self: VectorEnv, sid: str, # a snapshot id
 @patch
 def _offered(self: VectorEnv, envs: list[int] # environment indices
             ) -> list[str]:
-    "The URL of each environment's server; `NotImplementedError` for one whose link has no `snapshot`."
+    "The URL of each environment's server; `NotImplementedError` where its link has no `snapshot`."
     urls = []
     for i in envs:
         link = self._links[self._where[i][0]]
         if "snapshot" not in link.extensions:
-            raise NotImplementedError(f"The server at {link.url} does not offer the 'snapshot' extension to "
-                                      "this vector (an OpenEnv server, an older one, or a vector connected before "
-                                      "openenv_nb.vector_forks was imported): forks need an openenv-nb server")
+            raise NotImplementedError(
+                f"The server at {link.url} does not offer the 'snapshot' extension to this "
+                "vector (an OpenEnv server, an older one, or a vector connected before "
+                "openenv_nb.vector_forks was imported): forks need an openenv-nb server")
         urls.append(link.base_url)
     return urls
 
@@ -62,15 +63,17 @@ def _failed(f, # a result frame, or the exception that lost it
            ) -> Exception | None:
     "The exception of a failed op's result; `None` for a reply."
     if isinstance(f, Exception): return f
-    return EnvServerError.from_frame(f.get("data") or {}, where) if f.get("type") == "error" else None
+    if f.get("type") != "error": return None
+    return EnvServerError.from_frame(f.get("data") or {}, where)
 
 # %% ../nbs/09a_vector_forks.ipynb #6dae5588
 @patch
 @autosync
-async def snapshot(self: VectorEnv, envs: Sequence[int] | None = None, # which environments (default: all)
+async def snapshot(self: VectorEnv,
+                   envs: Sequence[int] | None = None, # which environments (default: all)
                    portable: bool = False # also signed blobs, for the pool's other servers
                   ) -> list[Snapshot]:
-    "A snapshot of each environment's episode as it is now, kept by its server; raises the first failure."
+    "A snapshot of each environment's episode as it is now, kept by its server; raises any error."
     await self.connect()
     envs = self._which(envs)
     urls = self._offered(envs)
@@ -82,7 +85,8 @@ async def snapshot(self: VectorEnv, envs: Sequence[int] | None = None, # which e
     for i, url, f in zip(envs, urls, frames):
         d, trail = f["data"], copy.deepcopy(self._trails[i])
         log = EpisodeLog(reset={**trail.kwargs, "seed": trail.seed} if trail else {})
-        out.append(Snapshot(d["snapshot_id"], None, d["step_count"], d["native"], log, d.get("blob")))
+        out.append(Snapshot(d["snapshot_id"], None, d["step_count"], d["native"], log,
+                            d.get("blob")))
         self._keep(d["snapshot_id"], url, trail)
     return out
 
@@ -92,17 +96,17 @@ def _restore_ops(self: VectorEnv, snaps: list, # one `Snapshot` per environment 
                  envs: list[int], # environment indices
                  urls: list[str] # each one's server
                 ) -> list[tuple[int, dict]]:
-    "The `restore` op of each environment; `ValueError` for a snapshot of another server without a blob."
+    "The `restore` op of each environment; `ValueError` for another server's snapshot with no blob."
     ops = []
     for i, s, url in zip(envs, snaps, urls):
         if not isinstance(s, Snapshot):
             raise TypeError(f"restore takes Snapshots (from snapshot()), not {type(s).__name__}")
         made = self._kept().get(s.id, (None,))[0]
         if made is not None and made != url and s.blob is None:
-            raise ValueError(f"Environment {i} is on {url}, but this snapshot was taken on {made}, and a "
-                             "snapshot goes to another server only as a signed blob: take it with "
-                             "snapshot(portable=True) (every server of the pool needs the same "
-                             "OPENENV_SNAPSHOT_KEY)")
+            raise ValueError(f"Environment {i} is on {url}, but this snapshot was taken on {made}, "
+                             "and a snapshot goes to another server only as a signed blob: take it "
+                             "with snapshot(portable=True) (every server of the pool needs the "
+                             "same OPENENV_SNAPSHOT_KEY)")
         ops.append((i, {"type": "restore", "data": {"snapshot_id": s.id,
                                                     **({"blob": s.blob} if s.blob else {})}}))
     return ops
@@ -110,14 +114,16 @@ def _restore_ops(self: VectorEnv, snaps: list, # one `Snapshot` per environment 
 # %% ../nbs/09a_vector_forks.ipynb #24fdc33e
 @patch
 @autosync
-async def restore(self: VectorEnv, snapshots: Snapshot | Sequence[Snapshot], # one per environment of `envs`, or one for all
+async def restore(self: VectorEnv,
+                  snapshots: Snapshot | Sequence[Snapshot], # one per env of `envs`, or one for all
                   envs: Sequence[int] | None = None # which environments (default: all)
                  ) -> VectorResult:
-    "Put environment `envs[j]` in `snapshots[j]`'s state: new episodes, step counts carried over; their observations."
+    "Put env `envs[j]` in `snapshots[j]`'s state: new episodes, their step counts carried over."
     await self.connect()
     envs = self._which(envs)
     snaps = [snapshots] * len(envs) if isinstance(snapshots, Snapshot) else list(snapshots)
-    if len(snaps) != len(envs): raise ValueError(f"Got {len(snaps)} snapshots for {len(envs)} environments")
+    if len(snaps) != len(envs):
+        raise ValueError(f"Got {len(snaps)} snapshots for {len(envs)} environments")
     lost = await self._reopen({self._where[i][0] for i in envs})
     urls = self._offered(envs)
     ops = self._restore_ops(snaps, envs, urls)
@@ -132,7 +138,8 @@ async def restore(self: VectorEnv, snapshots: Snapshot | Sequence[Snapshot], # o
         d = f["data"]
         obs[n], rewards[n], dones[n] = d["observation"], d["reward"], d["done"]
         trail = self._kept().get(s.id, (None, None))[1]
-        self._trails[i] = copy.deepcopy(trail) if self.resume else None  # rebuilt as the snapshot's episode
+        # rebuilt after a lost connection as the snapshot's episode was
+        self._trails[i] = copy.deepcopy(trail) if self.resume else None
         self._needs_reset[i] = bool(dones[n])
     return VectorResult(envs, self._typed(obs, rewards, dones), rewards, dones, errors, [True] * k)
 
@@ -142,7 +149,7 @@ async def restore(self: VectorEnv, snapshots: Snapshot | Sequence[Snapshot], # o
 async def fork(self: VectorEnv, i: int, # the environment to copy
                envs: Sequence[int] # the environments that become copies of it
               ) -> VectorResult:
-    "Make every environment of `envs` a copy of environment `i`'s episode as it is now; their observations."
+    "Make every environment of `envs` a copy of env `i`'s episode as it is now; their observations."
     await self.connect()
     envs, (i,) = self._which(envs), self._which([i])
     far = any(self._where[j][0] != self._where[i][0] for j in envs)

@@ -1,17 +1,19 @@
-"""Forks of live episodes through `VectorEnv` (`batch` ops): every branch of a fork, continued with the same actions,
-gives the trace of a from-scratch replay (seed, prefix, suffix); bad inputs fail only their own environment; a
-restored environment is rebuilt after a lost connection; a pool of two servers shares portable snapshots."""
+"""Forks of live episodes through `VectorEnv` (`batch` ops): every branch of a fork, continued with the
+same actions, gives the trace of a from-scratch replay (seed, prefix, suffix); bad inputs fail only their
+own environment; a restored environment is rebuilt after a lost connection; a pool of two servers shares
+portable snapshots."""
 import asyncio
 import importlib.util
 import json
 import random
 
 import pytest
+from chaos import Chaos
+from conftest import need
+from test_forks import BRANCHES, BRANCHES_OF, POOL_KEY, ReplayedEcho, actions_for
 from websockets.asyncio.client import connect
 
 import openenv_nb.vector_forks  # noqa: F401  (adds snapshot, restore, fork to VectorEnv)
-from chaos import Chaos
-from conftest import need
 from openenv_nb.client import ws_url
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.forks import Snapshot
@@ -22,7 +24,6 @@ from openenv_nb.snapshots import Store
 from openenv_nb.targets import make_app
 from openenv_nb.types import EnvServerError
 from openenv_nb.vector import VectorEnv
-from test_forks import BRANCHES, BRANCHES_OF, POOL_KEY, ReplayedEcho, actions_for
 
 FAMILIES = {"echo-replay": (ReplayedEcho, 3, 5), "cartpole": ("gym:CartPole-v1", 4, 6),
             "chess": ("chess", 3, 3), "coding": ("coding", 3, 2)}
@@ -47,7 +48,7 @@ def app_for(target, n=80, **kw):
 
 
 async def traces(v, envs, actions):
-    "Each environment's trace of `actions` (observation without metadata, reward, done), stepped together."
+    "Each environment's trace of `actions` (observation without metadata, reward, done), side by side."
     out, running = {i: [] for i in envs}, list(envs)
     for a in actions:
         if not running: break
@@ -67,7 +68,7 @@ async def played(v, envs, seed, prefix):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_branches_match_replay(family):
-    "Fork env 0 at step k into 64 environments of the vector (coding: 4); each goes on as seed + prefix + suffix."
+    "Fork env 0 at step k into 64 envs of the vector (coding: 4); each goes on as seed + prefix + suffix."
     n = BRANCHES_OF.get(family, BRANCHES)
     target, seed, prefix, suffix = plan(family)
     async def main(url):
@@ -88,7 +89,7 @@ def test_branches_match_replay(family):
 
 
 def test_bad_inputs_fail_only_their_environment():
-    "No episode, a forged or expired id, a wrong kind, too few snapshots, an unknown env: refused; the vector goes on."
+    "No episode, a forged or expired id, a wrong kind or count, an unknown env: refused; the vector goes on."
     now = [0.0]
     app = create_app(EchoEnvironment, max_concurrent_envs=8)
     app.state.hub.snapshots = Store(ttl_s=60, clock=lambda: now[0])
@@ -99,13 +100,14 @@ def test_bad_inputs_fail_only_their_environment():
             await v.reset(seed=1)
             await v.step([{"message": m} for m in "abcd"])
             snap, = await v.snapshot([0])
-            forged = [Snapshot(snap.id[::-1], None, 1, True, snap.log), Snapshot("x" * 500, None, 1, True, snap.log),
-                      Snapshot("", None, 1, True, snap.log)]
+            forged = [Snapshot(sid, None, 1, True, snap.log) for sid in (snap.id[::-1], "x" * 500, "")]
             r = await v.restore([*forged, snap], envs=[1, 2, 3, 0])
             assert [e is None for e in r.errors] == [False, False, False, True]
-            assert all(e.code == "VALIDATION_ERROR" for e in r.errors[:3]) and "environment 1" in str(r.errors[0])
+            assert all(e.code == "VALIDATION_ERROR" for e in r.errors[:3])
+            assert "environment 1" in str(r.errors[0])
             with pytest.raises(TypeError, match="takes Snapshots"): await v.restore([snap.id], envs=[1])
-            with pytest.raises(ValueError, match="Got 1 snapshots for 2"): await v.restore([snap], envs=[1, 2])
+            with pytest.raises(ValueError, match="Got 1 snapshots for 2"):
+                await v.restore([snap], envs=[1, 2])
             with pytest.raises(IndexError, match="No environments .4."): await v.restore(snap, envs=[4])
             with pytest.raises(IndexError, match="No environments .9."): await v.fork(9, [1])
             now[0] = 61.0
@@ -119,7 +121,7 @@ def test_bad_inputs_fail_only_their_environment():
 
 
 def test_ops_on_the_wire():
-    "Raw batch ops: an unknown env, bad data and a missing `snapshot` in the handshake are that op's error only."
+    "Raw batch ops: an unknown env, bad data, no `snapshot` in the handshake: that op's error only."
     async def main(url):
         async def session(ext):
             ws = await connect(ws_url(url), additional_headers={"x-openenv-extensions": ext})
@@ -176,15 +178,15 @@ def test_a_restored_environment_is_rebuilt_after_a_lost_connection(cls):
         async with VectorEnv(url, num_envs=1) as fresh:
             await played(fresh, [0], seed, prefix)
             want, = await traces(fresh, [0], suffix)
-        async with Chaos(int(url.rsplit(":", 1)[1])) as proxy:
-            async with VectorEnv(proxy.url, num_envs=4, resume=FAST) as v:
-                await played(v, [0], seed, prefix)
-                (await v.fork(0, [1, 2, 3])).raise_errors()
-                got = await traces(v, [0, 1, 2, 3], suffix[:2])
-                proxy.cut_all()
-                rest = await traces(v, [0, 1, 2, 3], suffix[2:])
-                steps = [s.step_count for s in await v.states()]
-                return want, [g + r for g, r in zip(got, rest)], steps, v.resumes
+        async with Chaos(int(url.rsplit(":", 1)[1])) as proxy, \
+                VectorEnv(proxy.url, num_envs=4, resume=FAST) as v:
+            await played(v, [0], seed, prefix)
+            (await v.fork(0, [1, 2, 3])).raise_errors()
+            got = await traces(v, [0, 1, 2, 3], suffix[:2])
+            proxy.cut_all()
+            rest = await traces(v, [0, 1, 2, 3], suffix[2:])
+            steps = [s.step_count for s in await v.states()]
+            return want, [g + r for g, r in zip(got, rest)], steps, v.resumes
     with serve_in_thread(create_app(cls, max_concurrent_envs=16)) as url:
         want, got, steps, resumes = asyncio.run(main(url))
     assert got == [want] * 4 and steps == [len(prefix) + len(suffix)] * 4 and resumes == 4
@@ -192,7 +194,7 @@ def test_a_restored_environment_is_rebuilt_after_a_lost_connection(cls):
 
 @pytest.mark.parametrize("family", ["echo-replay", "cartpole", "chess"])
 def test_pool_of_two(family, monkeypatch):
-    "A vector over two servers of a pool: `fork` copies env 0 into the other server's envs by blob; same traces."
+    "A vector over two servers of a pool: `fork` copies env 0 to the other server by blob; same traces."
     target, seed, prefix, suffix = plan(family, "pool")
     async def main(a, b):
         async with VectorEnv(a, num_envs=1) as fresh:
@@ -201,7 +203,8 @@ def test_pool_of_two(family, monkeypatch):
         async with VectorEnv([a, b], num_envs=8) as v:  # envs 0-3 on a, 4-7 on b
             await played(v, [0], seed, prefix)
             plain, = await v.snapshot([0])
-            with pytest.raises(ValueError, match=r"snapshot\(portable=True\)"): await v.restore(plain, envs=[1, 5])
+            with pytest.raises(ValueError, match=r"snapshot\(portable=True\)"):
+                await v.restore(plain, envs=[1, 5])
             (await v.fork(0, list(range(1, 8)))).raise_errors()
             steps = [s.step_count for s in await v.states()]
             return want, steps, await traces(v, list(range(8)), suffix)
@@ -221,5 +224,6 @@ def test_no_key_across_servers(monkeypatch):
             with pytest.raises(EnvServerError, match="OPENENV_SNAPSHOT_KEY"): await v.fork(0, [3])
             r = await v.fork(0, [1])
             return r.ok, (await v.step([{"message": "n"}] * 4)).ok
-    with serve_in_thread(app_for(EchoEnvironment, 4)) as a, serve_in_thread(app_for(EchoEnvironment, 4)) as b:
+    with serve_in_thread(app_for(EchoEnvironment, 4)) as a, \
+            serve_in_thread(app_for(EchoEnvironment, 4)) as b:
         assert asyncio.run(main(a, b)) == (True, True)
