@@ -51,7 +51,7 @@ def listed(header: str) -> set[str]:
 MAX_BATCH = 4096
 
 class Op(BaseModel, extra="forbid"):
-    "One reset, step, state, snapshot or restore (`snapshot`) of one environment in a `batch` message."
+    "One reset, step, state, snapshot or restore (`snapshot`) of one environment in a `batch`."
     env: int = Field(ge=0, description="An environment id from `batch.opened`")
     type: Literal["reset", "step", "state", "snapshot", "restore"]
     data: dict[str, Any] = Field(default_factory=dict)
@@ -481,7 +481,7 @@ def kept_trail(self, i: int, # an environment id of this connection
 async def kept_op(self, op: Op, # an op on a known environment
                   env: Environment # its environment
                  ) -> dict:
-    "The result of `op` where each environment keeps a trail: a snapshot, a restore, or a recorded call."
+    "The result of `op` where each environment keeps a trail: a snapshot, a restore, a recorded call."
     if self.trails is None:
         return refused("not_negotiated", f"A '{op.type}' op needs 'snapshot' listed with 'batch' "
                        f"in the {EXT_HEADER} header of the handshake")

@@ -66,6 +66,18 @@ def _failed(f, # a result frame, or the exception that lost it
     if f.get("type") != "error": return None
     return EnvServerError.from_frame(f.get("data") or {}, where)
 
+# %% ../nbs/09a_vector_forks.ipynb #7f05abb4
+def _trail_from(s: Snapshot, # a snapshot this vector did not take
+                obs: dict # the observation its restore answered
+               ) -> Trail | None:
+    "The trail of the episode in `s.log`, ending at `obs`; `None` unless it holds the reset and every step."
+    log = s.log
+    if log is None or log.start is None or len(log.steps) != s.step_count: return None
+    kw = dict(log.reset)
+    steps = log.steps
+    return Trail(kw.pop("seed", None), kw, obs, [e.action for e in steps],
+                 [e.reward for e in steps], [e.done for e in steps])
+
 # %% ../nbs/09a_vector_forks.ipynb #6dae5588
 @patch
 @autosync
@@ -137,9 +149,9 @@ async def restore(self: VectorEnv,
         if errors[n] is not None: continue
         d = f["data"]
         obs[n], rewards[n], dones[n] = d["observation"], d["reward"], d["done"]
-        trail = self._kept().get(s.id, (None, None))[1]
-        # rebuilt after a lost connection as the snapshot's episode was
-        self._trails[i] = copy.deepcopy(trail) if self.resume else None
+        made, trail = self._kept().get(s.id, (None, None))
+        trail = copy.deepcopy(trail) if made else _trail_from(s, obs[n])
+        self._trails[i] = trail if self.resume else None  # rebuilt as the snapshot's episode was
         self._needs_reset[i] = bool(dones[n])
     return VectorResult(envs, self._typed(obs, rewards, dones), rewards, dones, errors, [True] * k)
 

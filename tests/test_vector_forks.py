@@ -13,8 +13,8 @@ from conftest import need
 from test_forks import BRANCHES, BRANCHES_OF, POOL_KEY, ReplayedEcho, actions_for
 from websockets.asyncio.client import connect
 
-import openenv_nb.vector_forks  # noqa: F401  (adds snapshot, restore, fork to VectorEnv)
-from openenv_nb.client import ws_url
+import openenv_nb.vector_forks  # noqa: F401  (adds snapshot, restore, fork to VectorEnv; forks to EnvClient)
+from openenv_nb.client import GenericEnvClient, ws_url
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.forks import Snapshot
 from openenv_nb.resume import Resume
@@ -190,6 +190,28 @@ def test_a_restored_environment_is_rebuilt_after_a_lost_connection(cls):
     with serve_in_thread(create_app(cls, max_concurrent_envs=16)) as url:
         want, got, steps, resumes = asyncio.run(main(url))
     assert got == [want] * 4 and steps == [len(prefix) + len(suffix)] * 4 and resumes == 4
+
+
+def test_a_client_snapshot_in_a_vector_is_rebuilt_after_a_lost_connection():
+    "An `EnvClient`'s snapshot restored into a vector's envs: its log is their trail, so a cut replays it."
+    rng = random.Random("client")
+    seed, prefix, suffix = rng.randrange(10**6), actions_for("echo", 3, rng), actions_for("echo", 4, rng)
+    async def main(url):
+        async with VectorEnv(url, num_envs=1) as fresh:
+            await played(fresh, [0], seed, prefix)
+            want, = await traces(fresh, [0], suffix)
+        async with GenericEnvClient(url) as env, Chaos(int(url.rsplit(":", 1)[1])) as proxy, \
+                VectorEnv(proxy.url, num_envs=2, resume=FAST) as v:
+            await env.reset(seed=seed)
+            for a in prefix: await env.step(a)
+            (await v.restore(await env.snapshot())).raise_errors()
+            got = await traces(v, [0, 1], suffix[:1])
+            proxy.cut_all()
+            rest = await traces(v, [0, 1], suffix[1:])
+            return want, [g + r for g, r in zip(got, rest)], v.resumes
+    with serve_in_thread(create_app(ReplayedEcho, max_concurrent_envs=8)) as url:
+        want, got, resumes = asyncio.run(main(url))
+    assert got == [want] * 2 and resumes == 2
 
 
 @pytest.mark.parametrize("family", ["echo-replay", "cartpole", "chess"])
