@@ -17,7 +17,7 @@ import openenv_nb.vector_forks  # noqa: F401  (adds snapshot, restore, fork to V
 from openenv_nb.client import GenericEnvClient, ws_url
 from openenv_nb.envs.echo import EchoEnvironment
 from openenv_nb.forks import Snapshot
-from openenv_nb.resume import Resume
+from openenv_nb.resume import EpisodeLost, Resume
 from openenv_nb.runner import serve_in_thread
 from openenv_nb.server import create_app
 from openenv_nb.snapshots import Store
@@ -212,6 +212,28 @@ def test_a_client_snapshot_in_a_vector_is_rebuilt_after_a_lost_connection():
     with serve_in_thread(create_app(ReplayedEcho, max_concurrent_envs=8)) as url:
         want, got, resumes = asyncio.run(main(url))
     assert got == [want] * 2 and resumes == 2
+
+
+def test_a_restore_after_a_lost_connection_rebuilds_the_other_environments():
+    "Cut, then restore env 0: the first try says its episode is lost; the next rebuilds envs 1 and 2 first."
+    async def main(url):
+        async with GenericEnvClient(url) as env, Chaos(int(url.rsplit(":", 1)[1])) as proxy, \
+                VectorEnv(proxy.url, num_envs=3, resume=FAST) as v:
+            await env.reset(seed=1)
+            await env.step({"message": "outside"})
+            snap = await env.snapshot()
+            await v.reset(seed=2)
+            await v.step([{"message": m} for m in "abc"])
+            proxy.cut_all()
+            first = (await v.restore(snap, envs=[0])).errors[0]
+            (await v.restore(snap, envs=[0])).raise_errors()
+            r = await v.step([{"message": "z"}] * 3)
+            r.raise_errors()
+            return first, [o["metadata"]["step"] for o in r.observations], await v.states(), v.resumes
+    with serve_in_thread(create_app(ReplayedEcho, max_concurrent_envs=8)) as url:
+        first, steps, states, resumes = asyncio.run(main(url))
+    assert isinstance(first, EpisodeLost) and steps == [2, 2, 2] and resumes == 3
+    assert [s.step_count for s in states] == [2, 2, 2]
 
 
 @pytest.mark.parametrize("family", ["echo-replay", "cartpole", "chess"])
