@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
 from .forms import (by_field, collect, form_fields, image_fields, is_image, is_tool_action,
                               reward_parts, tool_forms, tool_spec)
-from .forks import Snapshot  # adds fork() to the clients
+from .forks import Snapshot  # noqa: F401 (the import adds fork() to the clients)
 from .mcp_client import tool_value
 from .types import EnvServerError, ResetRequest, StepResult
 

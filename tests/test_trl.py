@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import need_trl, start_server
+from conftest import HERE, need_trl, start_server
 from openenv_nb.environment import Environment
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoObservation
 from openenv_nb.types import State
@@ -380,7 +380,6 @@ def test_a_portable_snapshot_column_starts_every_generation_there(trl_kit, tmp_p
     """A `snapshot` column of portable blobs (strings, as a dataset keeps them): every generation restores it."""
     from openenv_nb.client import GenericEnvClient
     from openenv_nb.providers import LocalProcessProvider
-    from conftest import HERE
     path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     server = LocalProcessProvider("test_trl:Walk", env_vars={"PYTHONPATH": path, "OPENENV_SNAPSHOT_KEY": "k"})
     server.start()
