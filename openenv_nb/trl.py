@@ -7,8 +7,9 @@ Docs: https://openenv-nb.github.io/openenv-nb/trl.html.md"""
 # %% auto #0
 __all__ = ['JSON_TYPES', 'SCALARS', 'RESERVED', 'REWARDS', 'py_type', 'arg_name', 'Param', 'tool_params', 'tool_signature',
            'tool_doc', 'ToolSpec', 'tool_method', 'target_of', 'Endpoint', 'mcp_tools', 'action_tool', 'call_tool_spec',
-           'tool_specs', 'as_text', 'render_observation', 'ToolCallFailed', 'tool_error', 'reward_fn', 'ToolEnv',
-           'class_name', 'environment_factory', 'tiny_chat_tokenizer', 'tiny_causal_lm']
+           'tool_specs', 'as_text', 'render_observation', 'ToolCallFailed', 'tool_error', 'reward_fn', 'as_actions',
+           'ToolEnv', 'class_name', 'environment_factory', 'row_name', 'as_snapshot', 'tiny_chat_tokenizer',
+           'tiny_causal_lm']
 
 # %% ../nbs/17_trl.ipynb #aa99021a
 import asyncio
@@ -25,9 +26,12 @@ from pydantic import BaseModel
 
 from .actions import RUBRIC_KEY
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient
+from .episodes import EpisodeLog
+from .forks import Snapshot
 from .mcp_client import tool_from, tool_value
 from .providers import LocalProcessProvider
 from .schemas import deref
+from .types import EnvServerError, StepResult
 
 # %% ../nbs/17_trl.ipynb #2bda2f45
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None),
@@ -298,6 +302,20 @@ def reward_fn(reward: str | Callable # a name in `REWARDS`, or a function of the
                                                f"{sorted(REWARDS)}, or a function of the rewards")
     return REWARDS[reward]
 
+# %% ../nbs/17_trl.ipynb #47f5da8a
+def as_actions(prefix # a row's prefix: a list of actions (dicts), that list as JSON text, or None
+              ) -> list[dict]:
+    "The actions of a row's prefix, checked: a list of dicts (empty for none)."
+    if isinstance(prefix, str):
+        try: prefix = json.loads(prefix)
+        except ValueError as e: raise ValueError(f"The prefix {prefix[:60]!r} is not JSON: give a list "
+                                                 "of actions (dicts), or json.dumps of one") from e
+    if prefix is None: return []
+    if not isinstance(prefix, (list, tuple)) or not all(isinstance(a, dict) for a in prefix):
+        raise TypeError(f"A prefix is a list of actions as dicts (or its JSON text), not {prefix!r:.80}")
+    return list(prefix)
+
+
 # %% ../nbs/17_trl.ipynb #c9135a28
 class ToolEnv:
     "A rollout's environment for TRL: `reset` with the row's columns, tools as methods, `get_reward`."
@@ -306,6 +324,9 @@ class ToolEnv:
     _render = staticmethod(render_observation)  # observation -> text
     _reward = staticmethod(sum)  # rewards -> the episode's reward
     _exclude: frozenset = frozenset({"prompt"})  # dataset columns that are not reset arguments
+    _prefix_col: str | None = "prefix"  # the column of actions replayed after the reset
+    _snapshot_col: str | None = "snapshot"  # the column of a snapshot to start from
+    _group: tuple | None = None  # (start, `Snapshot` or None): the latest mid-episode start
     _auth: dict = {}  # `headers=` and `token=` of the clients (see `environment_factory`)
     _instances: weakref.WeakSet = weakref.WeakSet()  # live instances (a set per class)
     separator = "\n\n"  # put between the prompt and the first observation, which TRL appends to it
@@ -315,6 +336,7 @@ class ToolEnv:
     def __init__(self):
         self.client, self.rewards, self.done = None, [], False
         self.resets, self.observation, self.scores = 0, None, []  # scores: each step's rubric
+        self.reached = None  # how the episode's start was reached: reset, replay or restore
         type(self)._instances.add(self)
 
 # %% ../nbs/17_trl.ipynb #052383cf
@@ -323,11 +345,16 @@ def reset(self: ToolEnv, **kwargs) -> str:
     "Start an episode with the dataset row's columns as reset arguments; the observation as text."
     if self.client is None: self.client = GenericEnvClient(self._endpoint.url(),
                                                            **self._auth).sync()
-    r = self.client.reset(**{k: v for k, v in kwargs.items() if k not in self._exclude})
-    self.rewards = [] if r.reward is None else [r.reward]
+    kw = {k: v for k, v in kwargs.items() if k not in self._exclude}
+    prefix, snap = as_actions(kw.pop(self._prefix_col, None)), kw.pop(self._snapshot_col, None)
+    if prefix or snap is not None: r = self._start(kw, prefix, snap)  # see "Mid-episode starts"
+    else: r, self.reached = self.client.reset(**kw), "reset"
+    # a mid-episode start's reward was earned by its prefix, not by this rollout
+    self.rewards = [] if r.reward is None or self.reached != "reset" else [r.reward]
     self.done, self.observation, self.scores = r.done, r.observation, []
     self.resets += 1
     return self.separator + self._render(r.observation)
+
 
 # %% ../nbs/17_trl.ipynb #a2a43d80
 @patch
@@ -372,6 +399,8 @@ def environment_factory(source, # a target (`"echo"`), class, URL, provider or `
                         render: Callable | None = None, # obs dict -> text; default: `render_observation`
                         reward: str | Callable = "total", # a `REWARDS` name, or a function of rewards
                         exclude: tuple = ("prompt",), # dataset columns not passed to `reset`
+                        prefix: str | None = "prefix", # the column of actions taken after the reset
+                        snapshot: str | None = "snapshot", # the column of a snapshot to start from
                         async_tools: bool = False, # make the tool methods `async def`
                         max_sessions: int = 256, # sessions of a server started here
                         headers: dict | None = None, # more headers: a private Space's `Authorization`
@@ -386,9 +415,79 @@ def environment_factory(source, # a target (`"echo"`), class, URL, provider or `
     attrs.update(_endpoint=endpoint, _specs=specs,
                  _render=staticmethod(render or render_observation), _auth=auth,
                  _reward=staticmethod(reward_fn(reward)), _exclude=frozenset(exclude),
+                 _prefix_col=prefix, _snapshot_col=snapshot, _group=None,
                  _instances=weakref.WeakSet(),
                  __doc__=meta.get("description") or ToolEnv.__doc__)
     return type(class_name(name or meta.get("name") or "Env"), (ToolEnv,), attrs)
+
+# %% ../nbs/17_trl.ipynb #e2387765
+def row_name(kw: dict # the row's reset arguments
+            ) -> str:
+    "The row, as an error names it: by its reset arguments."
+    args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
+    return f"The row with {args:.160}" if args else "The row with no reset arguments"
+
+
+# %% ../nbs/17_trl.ipynb #0f1ba912
+def as_snapshot(snap # a row's snapshot: a `Snapshot`, or a portable snapshot's `blob`
+               ) -> Snapshot:
+    "The `Snapshot` to restore for a row's `snapshot` column."
+    if isinstance(snap, Snapshot): return snap
+    if isinstance(snap, str) and snap: return Snapshot(None, None, 0, False, EpisodeLog(), snap)
+    raise TypeError(f"A snapshot column holds a Snapshot or a portable snapshot's blob (a string), not "
+                    f"{snap!r:.80}: take one with client.snapshot(portable=True).blob")
+
+
+# %% ../nbs/17_trl.ipynb #31dc57ad
+@patch
+def _reach(self: ToolEnv, kw: dict, # the row's reset arguments
+           actions: list, # its prefix
+           snap=None # its snapshot column, if any
+          ) -> StepResult:
+    "Reach a row's start from the beginning: reset (or restore its snapshot), then the prefix."
+    row, n = row_name(kw), len(actions)
+    if snap is None: r = self.client.reset(**kw)
+    else:
+        try: r = self.client.restore(as_snapshot(snap))
+        except EnvServerError as e:
+            raise ValueError(f"{row}: its snapshot was refused ({e}). A Snapshot's id is known only to the "
+                             "server that took it, for a while; for a dataset, store "
+                             "client.snapshot(portable=True).blob") from e
+    for i, action in enumerate(actions, 1):
+        if r.done: raise ValueError(f"{row}: the episode ended before prefix step {i} of {n}: shorten its prefix")
+        try: r = self.client.step(action)
+        except EnvServerError as e:
+            raise ValueError(f"{row}: the environment refused prefix step {i} of {n}, {action!r}: {e}. "
+                             "Fix that action in the row's prefix") from e
+        if err := tool_error(r.observation):
+            raise ValueError(f"{row}: prefix step {i} of {n}, {action!r}, failed: {err}. Fix that action "
+                             "in the row's prefix")
+    if r.done: raise ValueError(f"{row}: the episode is over after its prefix ({n} steps), which leaves the "
+                                "model nothing to do: shorten the prefix")
+    return r
+
+
+# %% ../nbs/17_trl.ipynb #6cfb4dc9
+@patch
+def _start(self: ToolEnv, kw: dict, # the row's reset arguments
+           actions: list, # its prefix
+           snap=None # its snapshot column, if any
+          ) -> StepResult:
+    "A row's mid-episode start: restored from its group's snapshot, else reached and snapshotted."
+    cls, sid = type(self), snap.id if isinstance(snap, Snapshot) else snap
+    key = json.dumps([kw, actions, sid], sort_keys=True, default=str)
+    if cls._group is not None and cls._group[0] == key and cls._group[1] is not None:
+        try:
+            r, self.reached = self.client.restore(cls._group[1]), "restore"
+            return r
+        except EnvServerError: cls._group = None  # let go by the server: the long way again
+    r, self.reached = self._reach(kw, actions, snap), "replay"
+    if cls._group is None or cls._group[0] != key:
+        try: got = self.client.snapshot() if actions else None  # no prefix: the row's snapshot will do
+        except (EnvServerError, NotImplementedError): got = None
+        cls._group = (key, got)
+    return r
+
 
 # %% ../nbs/17_trl.ipynb #30592b1a
 def tiny_chat_tokenizer():

@@ -10,6 +10,7 @@ __all__ = ['PALETTE', 'STYLE', 'as_client', 'action_schema', 'rpc_tools', 'find_
            'field_label', 'Form', 'EnvPanel']
 
 # %% ../nbs/06_widget.ipynb #93538386
+import copy
 import html
 import json
 import math
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from .client import EnvClient, GenericEnvClient, HTTPEnvClient, SyncEnvClient, http_url, is_loopback
 from .forms import (by_field, collect, form_fields, image_fields, is_image, is_tool_action,
                               reward_parts, tool_forms, tool_spec)
+from .forks import Snapshot  # noqa: F401 (the import adds fork() to the clients)
 from .mcp_client import tool_value
 from .types import EnvServerError, ResetRequest, StepResult
 
@@ -399,6 +401,10 @@ def _build(self: EnvPanel):
     self.step_button.on_click(lambda b: self.step())
     self.reset_button.on_click(lambda b: self.reset())
     self.state_button.on_click(lambda b: self.state())
+    self.fork_button = W.Button(description="Fork from here",
+                                tooltip="A second panel at this episode's state, going on on its own")
+    self.fork_button.on_click(lambda b: self.fork(show=True))
+    self.forks = W.VBox([])  # the panels forked with the button, under this one
     self.tool_picker = W.Dropdown(options=[(n or "(the action)", n) for n in self.forms],
                                   layout=W.Layout(width="auto", display=None if self.tools
                                                   else "none"))
@@ -419,13 +425,14 @@ def _build(self: EnvPanel):
     h = lambda t: W.HTML(f"<h4>{t}</h4>")
     left = W.VBox([h("Tool" if self.tools else "Action"), self.tool_picker, self.about,
                    self.form_box, self.reset_options,
-                   W.HBox([self.step_button, self.reset_button, self.state_button]), self.progress,
+                   W.HBox([self.step_button, self.reset_button, self.state_button,
+                           self.fork_button]), self.progress,
                    self.message, self.state_view],
                   layout=W.Layout(width="40%", padding="0 16px 0 0"))
     right = W.VBox([h("Observation"), self.stats, self.observation, self.raw_box,
                     h("Reward per step"), self.plot,
                     h("History"), self.table], layout=W.Layout(width="60%"))
-    self.ui = W.VBox([W.HTML(STYLE), W.HBox([left, right])])
+    self.ui = W.VBox([W.HTML(STYLE), W.HBox([left, right]), self.forks])
     self.ui.add_class("oe-panel")
 
 # %% ../nbs/06_widget.ipynb #234b6dc5
@@ -468,7 +475,7 @@ def _fail(self: EnvPanel, e: Exception # what a client call raised
 def _busy(self: EnvPanel, what: str # what runs, e.g. `"Resetting"`
          ):
     "While the block runs, disable the buttons and show `what`: a long call shows it is under way."
-    buttons = (self.step_button, self.reset_button, self.state_button)
+    buttons = (self.step_button, self.reset_button, self.state_button, self.fork_button)
     for b in buttons: b.disabled = True
     self.message.value = f'<div class="oe-busy">{_e(what)}…</div>'
     try: yield
@@ -595,6 +602,33 @@ def close(self: EnvPanel):
     "Close the client (stopping a local server it started) and the widgets."
     try: self.client.close()
     finally: self.ui.close()
+
+# %% ../nbs/06_widget.ipynb #ec9cfe30
+@patch
+def fork(self: EnvPanel, show: bool = False # also put the new panel under this one (the button does)
+        ) -> "EnvPanel | None":
+    "A second panel at this episode's state, in a session of its own; `None` (and why, shown) if none."
+    if isinstance(self.client, HTTPEnvClient):
+        return self._say("The HTTP routes keep no episode to fork: give EnvPanel a URL or an EnvClient")
+    if self.steps is None: return self._say("No episode yet: press Reset, then Fork")
+    with self._busy("Forking"):
+        try:
+            kid = self.client.fork(1)[0]
+            st = kid.state()
+        except Exception as e: return self._fail(e)
+    twin = EnvPanel(kid, self.max_history)
+    twin.history, twin.rewards, twin.scores = (copy.deepcopy(x) for x in
+                                               (self.history, self.rewards, self.scores))
+    twin.steps = self.steps
+    twin.episode_id = st.get("episode_id") if isinstance(st, dict) else st.episode_id
+    d = self.last["data"]
+    twin._redraw(StepResult(observation=d["observation"], reward=d["reward"], done=d["done"]),
+                 d["observation"], d.get("metadata"))
+    twin._say(f"A copy of episode {self.episode_id} at step {self.steps}: it goes on on its own")
+    if show: self.forks.children = (*self.forks.children, twin.ui)
+    self._say("")
+    return twin
+
 
 # %% ../nbs/06_widget.ipynb #c03d0897
 @patch

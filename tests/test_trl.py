@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import need_trl, start_server
+from conftest import HERE, need_trl, start_server
 from openenv_nb.environment import Environment
 from openenv_nb.envs.echo import EchoAction, EchoEnvironment, EchoObservation
 from openenv_nb.types import State
@@ -306,3 +306,100 @@ def test_env_specs_train_two_environments_at_once(trl_kit, tmp_path, classic_url
         assert log["rewards/Graded/greeting/mean"] == pytest.approx(1.0)
         assert log["rewards/Graded/mean"] == pytest.approx(0.75)
         assert log["rewards/ClassicEcho/mean"] == pytest.approx(0.5)  # 0.1 per character of "hello"
+
+
+class Walk(ClassicEcho):
+    """A seeded random walk: each step moves by the message's length plus a draw from the seeded generator, so that a
+    mid-episode state depends on the seed and on every action before it. It copies itself (`snapshot_state`), and a
+    message longer than 5 characters is refused. It also replays (a portable snapshot holds its log). Served as
+    `test_trl:Walk`."""
+    REPLAYABLE = True
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.rng, self.pos = random.Random(seed), 0
+        return super().reset(seed=seed, episode_id=episode_id)
+    def step(self, action, timeout_s=None, **kwargs):
+        if len(action.message) > 5: raise ValueError(f"{action.message!r}: at most 5 characters a step")
+        obs = super().step(action)
+        self.pos += len(action.message) + self.rng.randrange(100)
+        obs.echoed_message = f"at {self.pos}"
+        return obs
+    def snapshot_state(self): return (self._state.model_copy(), self.rng.getstate(), self.pos)
+    def restore_state(self, state, episode_id):
+        st, rng, self.pos = state
+        self._state = st.model_copy(update={"episode_id": episode_id})
+        self.rng = random.Random(); self.rng.setstate(rng)
+
+
+def prompt_recorder(seen: list):
+    "A reward function that gives nothing and records each rollout's first user message (prompt and observation)."
+    def record(prompts, completions, environments, **kwargs):
+        seen.append([(p[-1]["content"], e.reached, e) for p, e in zip(prompts, environments)])
+        return [0.0] * len(completions)
+    return record
+
+
+def replayed(url, seed, prefix) -> str:
+    "The observation at a row's start, from scratch: a fresh session, reset with `seed`, then each action."
+    from openenv_nb.client import GenericEnvClient
+    from openenv_nb.trl import render_observation
+    with GenericEnvClient(url).sync() as c:
+        r = c.reset(seed=seed)
+        for a in prefix: r = c.step(a)
+        return render_observation(r.observation)
+
+
+def test_every_generation_of_a_group_starts_from_the_rows_mid_episode_state(trl_kit, tmp_path):
+    """Rows with a `seed` and a `prefix`: each group of 4 generations saw one first observation, the one a from-scratch
+    replay gives; the group's first reached it, the others restored its snapshot."""
+    server = start_server("test_trl:Walk")
+    Env, seen = environment_factory(server, name="Walk"), []
+    starts = {3: [{"message": "ab"}, {"message": "abcde"}], 4: [{"message": "a"}, {"message": "b"}, {"message": "c"}]}
+    data = trl_kit.Dataset.from_list([{"prompt": [{"role": "user", "content": "Walk."}], "seed": s, "prefix": p}
+                                      for s, p in starts.items()])
+    try:
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[prompt_recorder(seen)],
+                                      args=config(trl_kit, tmp_path, per_device_train_batch_size=4, num_generations=4,
+                                                  max_steps=2),
+                                      train_dataset=data, processing_class=tok, environment_factory=Env)
+        trainer.train()
+        want = {s: "Walk.\n\n" + replayed(server.base_url, s, p) for s, p in starts.items()}
+        steps = [[e.client.state()["step_count"] for *_, e in batch] for batch in seen]
+    finally:
+        Env.close()
+        server.stop()
+    assert len(seen) == 2 and sorted(set(want.values())) == sorted(want.values())  # two rows, two distinct starts
+    for batch, counts in zip(seen, steps):
+        firsts = {text for text, _, _ in batch}
+        assert len(firsts) == 1 and firsts <= set(want.values()), (firsts, want)  # one start per group: the replay's
+        assert [how for _, how, _ in batch] == ["replay", "restore", "restore", "restore"]
+        assert len(set(counts)) == 1 and counts[0] in (2, 3)  # every session is at the prefix's end
+
+
+def test_a_portable_snapshot_column_starts_every_generation_there(trl_kit, tmp_path):
+    """A `snapshot` column of portable blobs (strings, as a dataset keeps them): every generation restores it."""
+    from openenv_nb.client import GenericEnvClient
+    from openenv_nb.providers import LocalProcessProvider
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+    server = LocalProcessProvider("test_trl:Walk", env_vars={"PYTHONPATH": path, "OPENENV_SNAPSHOT_KEY": "k"})
+    server.start()
+    Env, seen = environment_factory(server, name="Walk"), []
+    try:
+        with GenericEnvClient(server.base_url).sync() as c:
+            c.reset(seed=5)
+            for m in ("a", "bb"): r = c.step({"message": m})
+            blob, at = c.snapshot(portable=True).blob, r.observation["echoed_message"]
+        data = trl_kit.Dataset.from_list([{"prompt": [{"role": "user", "content": "Walk."}], "snapshot": blob}])
+        tok = tiny_chat_tokenizer()
+        trainer = trl_kit.GRPOTrainer(model=tiny_causal_lm(tok), reward_funcs=[prompt_recorder(seen)],
+                                      args=config(trl_kit, tmp_path, max_steps=1), train_dataset=data,
+                                      processing_class=tok, environment_factory=Env)
+        trainer.train()
+        steps = [e.client.state()["step_count"] for *_, e in seen[0]]
+        with pytest.raises(ValueError, match="refused prefix step 2 of 2"):
+            seen[0][0][2].reset(snapshot=blob, prefix=[{"message": "c"}, {"message": "too long"}])
+    finally:
+        Env.close()
+        server.stop()
+    assert [t for t, _, _ in seen[0]] == [f'Walk.\n\n{{"echoed_message": "{at}", "message_length": 2}}'] * 2
+    assert steps == [2, 2]

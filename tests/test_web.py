@@ -615,3 +615,71 @@ def test_root_redirects_and_state_before_reset(browser):
         assert r.status_code == 409 and "reset" in r.json()["detail"]
         httpx.post(url + "/web/reset", json={})
         assert httpx.get(url + "/web/state").json()["step_count"] == 0
+
+
+# ---- fork from here ----
+def test_fork_from_here_opens_a_copy_that_goes_on_alone(open_page, echo_web):
+    """Fork opens a new tab on a copy of the episode; stepping the copy leaves the original as it was, and the copy's
+    reply is the one a from-scratch replay of the same actions gives."""
+    from playwright.sync_api import expect
+    a = open_page(echo_web)
+    fork = a.locator("#fork")
+    expect(fork).to_be_disabled()  # no episode yet
+    a.click("#reset")
+    for m in ("one", "two"):
+        a.fill("#field-message", m)
+        a.click("#step")
+        expect(a.locator("#history tbody tr").nth(0)).to_contain_text(m)
+    with a.context.expect_page() as opened:
+        fork.click()
+    b = opened.value
+    expect(b.locator("#status")).to_have_text("live")
+    expect(b.locator("#notice")).to_contain_text("A copy of the episode at step 2")
+    expect(b.locator("#history tbody tr")).to_have_count(3)  # the history so far came along
+    expect(b.locator("#stat-step")).to_have_text("2")
+    link = b.locator("#share-link").get_attribute("href")
+    assert link != a.locator("#share-link").get_attribute("href") and "join=" in link
+    assert b.url == link  # a reload joins the copy rather than forking again
+    b.fill("#field-message", "three")
+    b.click("#step")
+    expect(b.locator("#stat-step")).to_have_text("3")
+    expect(b.locator("#history tbody tr")).to_have_count(4)
+    b.click("#raw summary")
+    got = json.loads(b.locator("#raw-json").text_content())["data"]
+    with GenericEnvClient(echo_web).sync() as c:
+        c.reset()
+        for m in ("one", "two"): c.step({"message": m})
+        r = c.step({"message": "three"})
+    assert got["observation"] == r.observation and got["reward"] == r.reward and got["metadata"] == r.metadata
+    # the original is as it was: two steps, "two" last; its state says so too
+    expect(a.locator("#stat-step")).to_have_text("2")
+    expect(a.locator("#history tbody tr")).to_have_count(3)
+    expect(a.locator("#history")).not_to_contain_text("three")
+    a.click("#state")
+    expect(a.locator("#state-view")).to_contain_text('"step_count": 2')
+    expect(a.locator("#pages")).to_have_text("1 page open")
+    b.click("#state")
+    expect(b.locator("#state-view")).to_contain_text('"step_count": 3')
+    shot(b, "web-forked.png")
+    c = open_page(link)  # the copy's share link joins it
+    expect(c.locator("#history tbody tr")).to_have_count(4)
+    expect(c.locator("#notice")).to_be_hidden()
+    b.reload()  # asks to join by its address (not to fork again); with c there, the copy is still open
+    expect(b.locator("#status")).to_have_text("live")
+    expect(b.locator("#history tbody tr")).to_have_count(4)
+    expect(b.locator("#pages")).to_have_text("2 pages open")
+
+
+def test_fork_of_an_environment_that_cannot_be_copied_says_so(open_page, knobs_web):
+    "An environment that neither copies nor replays itself: the new tab gets a new episode, and the reason."
+    from playwright.sync_api import expect
+    a = open_page(knobs_web)
+    a.click("#reset")
+    expect(a.locator("#fork")).to_be_enabled()
+    with a.context.expect_page() as opened:
+        a.click("#fork")
+    b = opened.value
+    expect(b.locator("#status")).to_have_text("live")
+    expect(b.locator("#notice")).to_contain_text("No copy was made")
+    expect(b.locator("#notice")).to_contain_text("can neither copy its state")
+    expect(b.locator("#observation")).to_contain_text("No episode yet")

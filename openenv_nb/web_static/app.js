@@ -1,6 +1,7 @@
 // openenv-nb web interface: a form built from the action schema, driving this page's room (its
 // episode) over /ws/ui. A page gets a room of its own; it joins another's only on purpose, by the
-// share link (/web/?join=ID).
+// share link (/web/?join=ID). Fork from here opens a new tab at /web/?fork=ID: a copy of this episode, going on
+// on its own.
 // Plain JavaScript, no framework, nothing fetched from the internet. Data is always set as text, never as HTML.
 (() => {
   "use strict";
@@ -18,6 +19,7 @@
   const ui = { fields: [], resetFields: [], tools: [], tool: "", actionFields: [], history: [], maxHistory: 100, seq: 0, waiting: new Map(), ws: null, retry: 0,
                idle: false, token: "", room: null, began: false, busy: false, full: false };
   const JOIN = new URLSearchParams(location.search).get("join");  // the room it was opened for
+  const FORK = new URLSearchParams(location.search).get("fork");  // the room it was opened to copy
   const AUTH = document.body.dataset.auth === "bearer";  // the server asks for a token (set by the server in the page)
   const TOKEN_KEY = "openenv-nb-token", IDLE = 4000;  // where the tab keeps the token; the close code of an idle page
 
@@ -214,13 +216,18 @@
   function basePath() { return location.pathname.replace(/\/web\/?$/, "").replace(/\/+$/, ""); }
 
   function wsURL() {
-    const room = ui.room || JOIN, q = room ? `?join=${encodeURIComponent(room)}` : "";
+    const room = ui.room || JOIN;
+    const q = room ? `?join=${encodeURIComponent(room)}` : FORK ? `?fork=${encodeURIComponent(FORK)}` : "";
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     return `${scheme}//${location.host}${basePath()}/ws/ui${q}`;
   }
 
   function shareURL(room) {
     return `${location.origin}${basePath()}/web/?join=${encodeURIComponent(room)}`;
+  }
+
+  function forkURL(room) {
+    return `${location.origin}${basePath()}/web/?fork=${encodeURIComponent(room)}`;
   }
 
   // ---- the token: asked once, kept for the tab (sessionStorage), sent as a subprotocol (a page cannot set headers) ----
@@ -275,6 +282,7 @@
     $("#reset").classList.toggle("primary", fresh);
     step.classList.toggle("primary", !fresh);
     step.disabled = ui.busy || !ui.began;
+    $("#fork").disabled = ui.busy || !ui.began || !ui.room;
     step.title = ui.began ? `${step.textContent} (Ctrl+Enter)` : "Reset first: no episode yet";
     $("#step-hint").hidden = ui.began;
   }
@@ -363,6 +371,8 @@
     setPages(d.pages);
     hideMessage();  // a snapshot comes on (re)connecting: what went wrong before is over
     ui.room = d.room; ui.began = !!d.began;
+    // a forked tab's address becomes its own share link: a reload joins the copy, not forks again
+    if (FORK && location.search.includes("fork=")) history.replaceState(null, "", shareURL(d.room));
     renderRoom(d.room, d.notice);
     ui.history = d.history.slice();
     renderEpisode(d.episode);
@@ -552,6 +562,11 @@
     send("reset", data);
   });
   $("#state").addEventListener("click", () => send("state"));
+  $("#fork").addEventListener("click", () => {  // opened within the click, which browsers allow
+    if (!ui.room) return;
+    const url = forkURL(ui.room);
+    if (!window.open(url, "_blank")) showMessage(`The browser kept the new tab from opening: open ${url}`);
+  });
   $("#tool").addEventListener("change", (ev) => chooseTool(ev.target.value));
   let resizing;
   window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(renderPlot, 100); });
