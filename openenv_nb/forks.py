@@ -9,7 +9,7 @@ __all__ = ['MAX_FORKS', 'Snapshot']
 
 # %% ../nbs/03c_forks.ipynb #3d0b5ba6
 import asyncio
-import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 from fastcore.basics import patch
@@ -34,6 +34,10 @@ class Snapshot:
     blob: str | None = field(default=None, repr=False) # signed, for another server of the pool (`portable`)
 
 # %% ../nbs/03c_forks.ipynb #cabfe1ec
+def _copied(log: EpisodeLog) -> EpisodeLog:
+    "A copy of `log` that goes on apart: its own reset and list of steps; the entries, never changed, shared."
+    return dataclasses.replace(log, reset=dict(log.reset), steps=list(log.steps))
+
 def _offered(self: EnvClient):
     if "snapshot" not in self.extensions:
         raise NotImplementedError(f"The server at {self.url} does not offer the 'snapshot' extension "
@@ -48,7 +52,7 @@ async def snapshot(self: EnvClient, portable: bool = False # also a signed blob,
     _offered(self)
     d = await self._request({"type": "snapshot", **({"data": {"portable": True}} if portable else {})})
     return Snapshot(d["snapshot_id"], self.episode.target, d["step_count"], d["native"],
-                    copy.deepcopy(self.episode), d.get("blob"))
+                    _copied(self.episode), d.get("blob"))
 
 # %% ../nbs/03c_forks.ipynb #7cb716bd
 @patch
@@ -62,7 +66,7 @@ async def restore(self: EnvClient, snapshot: Snapshot # from `snapshot()`: on th
     _offered(self)
     blob = {"blob": snapshot.blob} if snapshot.blob else {}
     payload = await self._request({"type": "restore", "data": {"snapshot_id": snapshot.id, **blob}})
-    self.episode = copy.deepcopy(snapshot.log)
+    self.episode = _copied(snapshot.log)
     return self._parse_result(payload)
 
 # %% ../nbs/03c_forks.ipynb #fd6c5e6a
