@@ -21,9 +21,16 @@ from openenv_nb.targets import make_app
 from openenv_nb.types import EnvServerError
 
 BRANCHES = 64  # as the issue asks
-# the coding environment's branches are sandbox workers of about 1 GB each: the sandbox's memory cap
-# (total_memory_mb: half the machine, 12 GB here) holds about 11 here: 4 of them, for smaller machines too
-BRANCHES_OF = {"coding": 4}
+# each coding branch is a sandbox worker, counted against the sandbox's memory cap at its limit (1 GB of address
+# space by default): 64 of them fit with 128 MB each and a cap of 10 GB (they use about 14 MB each)
+SMALL_WORKERS = {"OPENENV_SANDBOX_MEMORY_MB": "128", "OPENENV_SANDBOX_TMP_MB": "8",
+                 "OPENENV_SANDBOX_TOTAL_MEMORY_MB": "10000"}
+
+
+def workers_for(family, monkeypatch):
+    "Coding: workers small enough for 64 branches at once."
+    if family == "coding":
+        for k, v in SMALL_WORKERS.items(): monkeypatch.setenv(k, v)
 
 
 class ReplayedEcho(EchoEnvironment):
@@ -64,9 +71,10 @@ async def continued(env, actions):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_branches_match_replay(family):
-    "Fork at step k into 64 branches (coding: 4); each goes on as seed + prefix + suffix from scratch."
-    n = BRANCHES_OF.get(family, BRANCHES)
+def test_branches_match_replay(family, monkeypatch):
+    "Fork at step k into 64 branches; each goes on as seed + prefix + suffix from scratch."
+    n = BRANCHES
+    workers_for(family, monkeypatch)
     target, k, rest = FAMILIES[family]
     extra = {"cartpole": ("gym", "gymnasium"), "chess": ("chess", "chess"),
              "textarena": ("textarena", "textarena")}.get(family)

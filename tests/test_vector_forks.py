@@ -10,7 +10,7 @@ import random
 import pytest
 from chaos import Chaos
 from conftest import need
-from test_forks import BRANCHES, BRANCHES_OF, POOL_KEY, ReplayedEcho, actions_for
+from test_forks import BRANCHES, POOL_KEY, ReplayedEcho, actions_for, workers_for
 from websockets.asyncio.client import connect
 
 import openenv_nb.vector_forks  # noqa: F401  (adds snapshot, restore, fork to VectorEnv; forks to EnvClient)
@@ -67,9 +67,10 @@ async def played(v, envs, seed, prefix):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_branches_match_replay(family):
-    "Fork env 0 at step k into 64 envs of the vector (coding: 4); each goes on as seed + prefix + suffix."
-    n = BRANCHES_OF.get(family, BRANCHES)
+def test_branches_match_replay(family, monkeypatch):
+    "Fork env 0 at step k into 64 envs of the vector; each goes on as seed + prefix + suffix."
+    n = BRANCHES
+    workers_for(family, monkeypatch)
     target, seed, prefix, suffix = plan(family)
     async def main(url):
         async with VectorEnv(url, num_envs=1) as fresh:
