@@ -380,6 +380,19 @@ async def _recover(self: VectorEnv, envs: list[int] # environments whose connect
     self.resumes += len([i for i in todo if i not in errors])
     return errors
 
+# %% ../nbs/09_vector.ipynb #98b4fb53
+@patch
+async def _regain(self: VectorEnv, envs: list[int] # environments about to start over (reset or restored)
+                 ) -> dict[int, Exception]:
+    "Reach the lost servers of `envs` again, the other episodes on them rebuilt first; the links still lost."
+    links = {self._where[i][0] for i in envs}
+    gone = {k for k in links if self._links[k]._ws is None}
+    if self.resume and gone:
+        for i in envs: self._trails[i] = None  # lost, and about to be replaced: not worth replaying
+        await self._recover([j for j, (k, _) in enumerate(self._where) if k in gone])
+    return await self._reopen(links)
+
+
 # %% ../nbs/09_vector.ipynb #9a570097
 @patch
 @autosync
@@ -387,14 +400,19 @@ async def reset(self: VectorEnv, seed: int | Sequence[int] | None = None, # env 
                 envs: Sequence[int] | None = None, # which environments (default: all)
                 **kwargs # passed to every environment's `reset`
                ) -> VectorResult[ObsT]:
-    "Start new episodes; servers whose connection was lost are connected to again first."
+    "Start new episodes; lost servers are reached again first, the other episodes on them rebuilt."
     await self.connect()
     envs = self._which(envs)
-    lost = await self._reopen({self._where[i][0] for i in envs})
     seeds = _seeds(seed, len(envs))
-    cols = await self._send_columns("batch.reset", envs, {"seeds": seeds}
-                                    if any(s is not None for s in seeds) else {},
-                                    {"kwargs": kwargs} if kwargs else None, lost=lost)
+    async def send(ns: list[int]):  # positions in `envs`
+        es, ss = [envs[n] for n in ns], [seeds[n] for n in ns]
+        lost = await self._regain(es)
+        return await self._send_columns("batch.reset", es, {"seeds": ss} if any(s is not None for s in ss) else {},
+                                        {"kwargs": kwargs} if kwargs else None, lost=lost)
+    cols = await send(list(range(len(envs))))
+    if self.resume and (again := [n for n, e in enumerate(cols[3]) if isinstance(e, EpisodeLost)]):
+        for col, new in zip(cols, await send(again)):  # cut off from its reply: sent again, once
+            for n, v in zip(again, new): col[n] = v
     self._record(envs, cols, seeds=seeds, kwargs=kwargs)
     r = VectorResult(envs, self._typed(*cols[:3]), *cols[1:], [True] * len(envs))
     for i, e in zip(envs, r.errors):

@@ -123,17 +123,6 @@ def _restore_ops(self: VectorEnv, snaps: list, # one `Snapshot` per environment 
                                                     **({"blob": s.blob} if s.blob else {})}}))
     return ops
 
-# %% ../nbs/09a_vector_forks.ipynb #4e399ec6
-@patch
-async def _regain(self: VectorEnv, envs: list[int] # environments about to start over
-                 ) -> dict[int, Exception]:
-    "Reach the lost servers of `envs` again, their episodes rebuilt first; the links still lost."
-    links = {self._where[i][0] for i in envs}
-    gone = {k for k in links if self._links[k]._ws is None}
-    if self.resume and gone:
-        await self._recover([j for j, (k, _) in enumerate(self._where) if k in gone])
-    return await self._reopen(links)
-
 # %% ../nbs/09a_vector_forks.ipynb #24fdc33e
 @patch
 @autosync

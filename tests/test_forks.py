@@ -22,9 +22,9 @@ from openenv_nb.types import EnvServerError
 
 BRANCHES = 64  # as the issue asks
 # each coding branch is a sandbox worker, counted against the sandbox's memory cap at its limit (1 GB of address
-# space by default): 64 of them fit with 128 MB each and a cap of 10 GB (they use about 14 MB each)
+# space by default): 64 of them (and the ready ones) fit with 128 MB each and a cap of 20 GB (they use about 14 MB each)
 SMALL_WORKERS = {"OPENENV_SANDBOX_MEMORY_MB": "128", "OPENENV_SANDBOX_TMP_MB": "8",
-                 "OPENENV_SANDBOX_TOTAL_MEMORY_MB": "10000"}
+                 "OPENENV_SANDBOX_TOTAL_MEMORY_MB": "20000"}
 
 
 def workers_for(family, monkeypatch):

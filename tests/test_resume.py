@@ -249,3 +249,19 @@ def test_a_vector_over_an_unreplayable_server_loses_only_its_episodes():
     with served(create_app(Unreplayable, max_concurrent_envs=4)) as (u1, _), \
          served(create_app(EchoEnvironment, max_concurrent_envs=4)) as (u2, _):
         assert asyncio.run(main(u1, u2)) == ["EpisodeLost", "EpisodeLost", None, None]
+
+
+def test_a_reset_of_some_environments_after_a_cut_rebuilds_the_others():
+    "Cut, then reset env 0 alone: it starts over at once; envs 1 and 2 go on with their episodes."
+    async def main(url):
+        async with Chaos(port_of(url)) as proxy, VectorEnv(proxy.url, num_envs=3, resume=FAST) as v:
+            await v.reset(seed=1)
+            await v.step([{"message": m} for m in "abc"])
+            proxy.cut_all()
+            (await v.reset(seed=7, envs=[0])).raise_errors()  # the cut found, the reset sent again
+            r = await v.step([{"message": "z"}] * 3)
+            r.raise_errors()
+            return [o["metadata"]["step"] for o in r.observations], v.resumes
+    with served(create_app(EchoEnvironment, max_concurrent_envs=8)) as (url, _):
+        steps, resumes = asyncio.run(main(url))
+    assert steps == [1, 2, 2] and resumes == 2  # env 0 is not replayed: it starts over
