@@ -32,10 +32,12 @@ class Kept:
 _closing: set[asyncio.Task] = set()
 
 def _let_go(hub: Hub, k: Kept):
-    "Free `k`'s slot now and close its environment in the background."
+    "Free `k`'s slot now, drop its snapshots, and close its environment in the background."
     hub.active -= 1
+    if hub.snapshots is not None: hub.snapshots.drop_owner(k.session)
     t = asyncio.get_running_loop().create_task(hub.close_env(k.env))
     _closing.add(t); t.add_done_callback(_closing.discard)
+
 
 # %% ../nbs/01e_parking.ipynb #e57d3f9c
 def keep(hub: Hub, # the server's shared state
