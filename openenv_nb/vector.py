@@ -388,7 +388,8 @@ async def _regain(self: VectorEnv, envs: list[int] # environments about to start
     links = {self._where[i][0] for i in envs}
     gone = {k for k in links if self._links[k]._ws is None}
     if self.resume and gone:
-        for i in envs: self._trails[i] = None  # lost, and about to be replaced: not worth replaying
+        for i in envs:  # lost, and about to be replaced: not worth replaying
+            if self._where[i][0] in gone: self._trails[i] = None
         await self._recover([j for j, (k, _) in enumerate(self._where) if k in gone])
     return await self._reopen(links)
 

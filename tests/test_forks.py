@@ -21,8 +21,8 @@ from openenv_nb.targets import make_app
 from openenv_nb.types import EnvServerError
 
 BRANCHES = 64  # as the issue asks
-# each coding branch is a sandbox worker, counted against the sandbox's memory cap at its limit (1 GB of address
-# space by default): 64 of them (and the ready ones) fit with 128 MB each and a cap of 20 GB (they use about 14 MB each)
+# each coding branch is a sandbox worker, counted against the sandbox's memory cap at its limit (1 GB of
+# address space by default): 64 of them and the ready ones fit at 128 MB each under a 20 GB cap (each uses ~14 MB)
 SMALL_WORKERS = {"OPENENV_SANDBOX_MEMORY_MB": "128", "OPENENV_SANDBOX_TMP_MB": "8",
                  "OPENENV_SANDBOX_TOTAL_MEMORY_MB": "20000"}
 
